@@ -1,0 +1,270 @@
+"""The recorded data: :class:`Run` (frames + meta), how its summary frames are derived, save/load.
+
+Every producer — the cuda and cpu backends, the simulator, trace import, observer mode — emits
+interval events plus step boundaries and calls :meth:`Run.build`; every consumer (analysis,
+figures, report) reads the frames. Column sets are the contract of DESIGN §6.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import json
+import math
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+EVENT_COLUMNS = ["run", "step", "group", "layer", "kind", "stream", "tier", "bytes", "start_s", "end_s", "dur_s"]
+LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank",
+                 "copy_s", "compute_s", "stall_s", "gbps"]
+STEP_COLUMNS = ["step", "wall_s", "compute_s", "copy_s", "stall_s", "exposed_copy_s", "overlap", "bytes_moved"]
+MEMORY_COLUMNS = ["t_s", "device_bytes", "pinned_bytes", "anon_bytes", "mapped_bytes"]
+
+KINDS = ("copy", "compute", "wait", "host_block")
+STREAMS = ("copy", "compute", "host")
+TIERS = ("resident", "pinned", "pageable", "mapped", "unknown")
+FORMAT = "offload-lab/run"
+
+
+class RunFormatError(ValueError):
+    """A file that is not a saved offload-lab run, or frames that break the contract."""
+
+
+def empty_events() -> pd.DataFrame:
+    return _events_frame([])
+
+
+def _events_frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=EVENT_COLUMNS) if not isinstance(rows, pd.DataFrame) else rows
+    df = df.reindex(columns=EVENT_COLUMNS)
+    df["dur_s"] = df["end_s"] - df["start_s"]
+    return df.astype({
+        "run": "string", "step": "int64", "group": "string", "layer": "int64", "kind": "string",
+        "stream": "string", "tier": "string", "bytes": "int64",
+        "start_s": "float64", "end_s": "float64", "dur_s": "float64",
+    }).reset_index(drop=True)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of (∪a) ∩ (∪b)."""
+    return _union_length(a) + _union_length(b) - _union_length(a + b)
+
+
+def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per step from the events and the step boundaries (``step, start_s, end_s``)."""
+    rows = []
+    for b in bounds.itertuples(index=False):
+        ev = events[events["step"] == b.step]
+        comp = ev[ev["kind"] == "compute"]
+        copy = ev[ev["kind"] == "copy"]
+        waits = ev[ev["kind"] == "wait"]
+        ci = list(zip(comp["start_s"], comp["end_s"]))
+        ki = list(zip(copy["start_s"], copy["end_s"]))
+        copy_s = float(copy["dur_s"].sum())
+        overlap_s = _intersection_length(ki, ci) if ki and ci else 0.0
+        copy_union = _union_length(ki)
+        rows.append({
+            "step": int(b.step),
+            "wall_s": float(b.end_s - b.start_s),
+            "compute_s": float(comp["dur_s"].sum()),
+            "copy_s": copy_s,
+            "stall_s": float(waits["dur_s"].sum()),
+            "exposed_copy_s": max(0.0, copy_union - overlap_s),
+            "overlap": (overlap_s / copy_union) if copy_union > 0 else float("nan"),
+            "bytes_moved": int(copy["bytes"].sum()),
+        })
+    df = pd.DataFrame(rows, columns=STEP_COLUMNS)
+    return df.astype({"step": "int64", "bytes_moved": "int64", "wall_s": "float64", "compute_s": "float64",
+                      "copy_s": "float64", "stall_s": "float64", "exposed_copy_s": "float64",
+                      "overlap": "float64"})
+
+
+def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.DataFrame:
+    """One row per planned layer: the plan's placement plus medians over steps of its intervals."""
+    base = plan_layers.reindex(columns=["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank"])
+    if len(events):
+        per_step = (
+            events.groupby(["group", "layer", "step", "kind"], observed=True)["dur_s"].sum()
+            .unstack("kind")
+            .reindex(columns=["copy", "compute", "wait"])
+            .fillna(0.0)
+        )
+        copy_bytes = events[events["kind"] == "copy"].groupby(["group", "layer", "step"])["bytes"].sum()
+        per_step["gbps"] = (copy_bytes.reindex(per_step.index).fillna(0) / per_step["copy"]
+                            .where(per_step["copy"] > 0) / 1e9)
+        med = per_step.groupby(level=["group", "layer"]).median()
+        med = med.rename(columns={"copy": "copy_s", "compute": "compute_s", "wait": "stall_s"}).reset_index()
+    else:
+        med = pd.DataFrame(columns=["group", "layer", "copy_s", "compute_s", "stall_s", "gbps"])
+    med = med.astype({"group": "string", "layer": "int64"})
+    base = base.astype({"group": "string", "layer": "int64"})
+    out = base.merge(med[["group", "layer", "copy_s", "compute_s", "stall_s", "gbps"]],
+                     on=["group", "layer"], how="left")
+    out[["copy_s", "compute_s", "stall_s"]] = out[["copy_s", "compute_s", "stall_s"]].astype("float64").fillna(0.0)
+    out["gbps"] = out["gbps"].astype("float64")
+    return out.astype({
+        "tier": "string", "bytes": "int64", "mapped_bytes": "int64", "streamed": "bool",
+        "pin_rank": "Int64",
+    })[LAYER_COLUMNS]
+
+
+def _jsonable(obj: Any) -> Any:
+    """Meta must be plain JSON: convert numpy scalars, paths, tuples; refuse anything else."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    raise TypeError(f"run meta value {obj!r} of type {type(obj).__name__} is not JSON data")
+
+
+class Run:
+    """One execution of N steps under one plan: measured (``cuda``/``cpu``) or simulated (``sim``).
+
+    Frames (DESIGN §6): ``events``, ``layers``, ``steps``, ``memory``; plus ``meta``.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run.simulated, list(run.steps.columns)[:3]
+    (True, ['step', 'wall_s', 'compute_s'])
+    """
+
+    def __init__(self, events: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame,
+                 memory: pd.DataFrame, meta: dict[str, Any]):
+        self.events = _events_frame(events)
+        self.layers = layers.reindex(columns=LAYER_COLUMNS)
+        self.steps = steps.reindex(columns=STEP_COLUMNS)
+        self.memory = memory.reindex(columns=MEMORY_COLUMNS).astype(
+            {"t_s": "float64", "device_bytes": "int64", "pinned_bytes": "int64",
+             "anon_bytes": "int64", "mapped_bytes": "int64"})
+        self.meta = _jsonable(dict(meta))
+        self.meta.setdefault("simulated", self.meta.get("backend") == "sim")
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def build(cls, events: list[dict] | pd.DataFrame, bounds: list[dict] | pd.DataFrame,
+              plan_layers: pd.DataFrame, memory: list[dict] | pd.DataFrame | None = None,
+              meta: dict[str, Any] | None = None, warmup: int = 0) -> Run:
+        """Derive the summary frames from raw intervals.
+
+        ``bounds`` holds one row per step (``step, start_s, end_s``). The first ``warmup`` steps
+        are dropped from every frame (and ``meta['warmup_dropped']`` says so); events labelled
+        with a step that never ran (prefetch that wrapped past the last step) are dropped too.
+        """
+        meta = dict(meta or {})
+        bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]).sort_values("step")
+        ev = _events_frame(events if isinstance(events, pd.DataFrame) else list(events))
+        kept = bounds["step"].tolist()[warmup:]
+        bounds = bounds[bounds["step"].isin(kept)].reset_index(drop=True)
+        ev = ev[ev["step"].isin(kept)].sort_values(["start_s", "end_s"], kind="stable").reset_index(drop=True)
+        if "run" in meta:
+            ev["run"] = str(meta["run"])
+        mem = pd.DataFrame(memory if memory is not None else [], columns=MEMORY_COLUMNS)
+        meta["warmup_dropped"] = int(warmup)
+        meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        meta["steps_measured"] = len(bounds)
+        return cls(ev, summarize_layers(ev, plan_layers), summarize_steps(ev, bounds), mem, meta)
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return str(self.meta.get("label") or self.meta.get("run") or "run")
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.meta.get("simulated", False))
+
+    @property
+    def backend(self) -> str:
+        return str(self.meta.get("backend", "unknown"))
+
+    @property
+    def step_time(self) -> float:
+        """Median wall time of a measured step, in seconds."""
+        return float(self.steps["wall_s"].median()) if len(self.steps) else float("nan")
+
+    def __repr__(self) -> str:
+        kind = "simulated" if self.simulated else "measured"
+        st = self.step_time
+        st_s = f"{st:.4g} s/step" if not math.isnan(st) else "no steps"
+        return f"<Run {self.label!r} {kind} ({self.backend}), {len(self.steps)} steps, {st_s}>"
+
+    def _repr_html_(self) -> str:
+        from .analysis import compare
+
+        return compare([self]).to_html(index=False, escape=True)
+
+    # -- save / load -------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write one zip file of parquet frames and ``meta.json`` (data, never pickle)."""
+        path = Path(path)
+        if path.suffix != ".zip":
+            path = path.with_name(path.name + ".zip") if not path.name.endswith(".run") else path.with_suffix(".run.zip")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("meta.json", json.dumps({"format": FORMAT, "version": 1, "meta": self.meta}, indent=1))
+            for name in ("events", "layers", "steps", "memory"):
+                buf = io.BytesIO()
+                getattr(self, name).to_parquet(buf, engine="pyarrow", index=False)
+                z.writestr(f"{name}.parquet", buf.getvalue())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Run:
+        """Read a run written by :meth:`save`."""
+        path = Path(path)
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = set(z.namelist())
+                need = {"meta.json", "events.parquet", "layers.parquet", "steps.parquet", "memory.parquet"}
+                if not need <= names:
+                    raise RunFormatError(f"{str(path)!r} is not an offload-lab run: missing {sorted(need - names)}")
+                head = json.loads(z.read("meta.json"))
+                if head.get("format") != FORMAT:
+                    raise RunFormatError(f"{str(path)!r} is not an offload-lab run (format {head.get('format')!r})")
+                frames = {n: pd.read_parquet(io.BytesIO(z.read(f"{n}.parquet")), engine="pyarrow")
+                          for n in ("events", "layers", "steps", "memory")}
+        except (zipfile.BadZipFile, OSError, json.JSONDecodeError) as e:
+            raise RunFormatError(f"cannot read run {str(path)!r}: {e}") from None
+        run = cls.__new__(cls)
+        run.events, run.layers, run.steps, run.memory = (frames[n] for n in ("events", "layers", "steps", "memory"))
+        run.meta = head["meta"]
+        return run
+
+    def equals(self, other: Run) -> bool:
+        """Frames and meta equal (dtypes included)."""
+        return self.meta == other.meta and all(
+            getattr(self, n).equals(getattr(other, n)) for n in ("events", "layers", "steps", "memory")
+        )

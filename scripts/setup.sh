@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up .venv for offload-lab on a fresh machine (idempotent).
+#   bash scripts/setup.sh          runtime dependencies
+#   bash scripts/setup.sh --dev    plus test tools (pytest, ruff, nbclient, playwright, chromium)
+# torch: an importable torch is kept as it is (the venv sees system packages); otherwise the
+# CPU build 2.13.0 is installed, which pip takes from local disk where it lies, instead of
+# letting an unpinned dependency pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dev=0
+[ "${1:-}" = "--dev" ] && dev=1
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$py" -m venv --system-site-packages .venv
+fi
+pip=".venv/bin/python -m pip"
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch==2.13.0 (CPU build)"
+  $pip install -q torch==2.13.0
+fi
+if [ "$dev" = 1 ]; then
+  $pip install -q -e ".[dev]"
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "setup: installing Debian chromium for the report browser tests"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "setup: chromium could not be installed; browser tests will fail" >&2
+  fi
+else
+  $pip install -q -e .
+fi
