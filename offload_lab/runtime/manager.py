@@ -1,0 +1,471 @@
+"""The instrumented offload manager: applies a plan to a live module and records a Run."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import sys
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hostmem import HostMemory, file_backed_checker, process_memory
+from ..spec import dtype_name
+from ..timeline import Run
+from .backends import CopyTicket, CpuBackend, CudaBackend
+from .stores import LayerStore
+
+_ACTIVE: weakref.WeakSet = weakref.WeakSet()
+INIT_STRATEGIES = ("grouped", "naive")
+BACKENDS = ("auto", "cuda", "cpu")
+
+
+class OffloadError(ValueError):
+    """A model, plan or backend the manager cannot work with."""
+
+
+@dataclass
+class _Group:
+    name: str
+    blocks: nn.ModuleList
+    streamed: list[int]
+    resident: list[int]
+    pos: dict[int, int] = field(default_factory=dict)
+    in_flight: dict[int, CopyTicket] = field(default_factory=dict)
+    live: dict[int, CopyTicket] = field(default_factory=dict)  # bound to the device right now
+
+
+def _tiers_label(tiers: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for t in tiers:
+        counts[t] = counts.get(t, 0) + 1
+    return ", ".join(f"{n} {t}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+class OffloadManager:
+    """Drives one model's layer groups under a plan, recording every copy and compute interval.
+
+    Use it through :func:`offload` (a context manager) or :func:`profile`:
+
+    >>> import offload_lab
+    >>> from offload_lab import synthetic
+    >>> model = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=4)
+    >>> inputs = synthetic.example_inputs(model, tokens=64)
+    >>> plan = offload_lab.plan(offload_lab.spec_of(model), tier="pinned")
+    >>> with offload_lab.offload(model, plan, backend="cpu") as m:
+    ...     with m.step():
+    ...         out = model(**inputs)
+    >>> len(m.run.steps)
+    1
+    """
+
+    def __init__(self, model: nn.Module, plan, backend: str = "auto", device=None,
+                 init: str = "grouped", label: str | None = None, record_memory: bool = True):
+        if not isinstance(model, nn.Module):
+            raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
+        if model in _ACTIVE:
+            raise OffloadError("this model is already under an offload manager; leave that one first")
+        if backend not in BACKENDS:
+            raise OffloadError(f"backend {backend!r} is not one of {BACKENDS}")
+        if init not in INIT_STRATEGIES:
+            raise OffloadError(f"init {init!r} is not one of {INIT_STRATEGIES}")
+        if backend == "auto":
+            backend = "cuda" if torch.cuda.is_available() else "cpu"
+        if backend == "cuda" and not torch.cuda.is_available():
+            raise OffloadError("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
+        device = torch.device(device)
+        if device.type != ("cuda" if backend == "cuda" else "cpu"):
+            raise OffloadError(f"device {str(device)!r} does not match backend {backend!r}")
+        self.model, self.plan, self.device = model, plan, device
+        self.backend_name, self.init_strategy = backend, init
+        self.label = label
+        self.record_memory = record_memory
+        self._groups = self._check_plan(model, plan)
+        self._backend: CpuBackend | CudaBackend | None = None
+        self._stores: dict[tuple[str, int], LayerStore] = {}
+        self._resident_bufs: dict[tuple[str, int], dict] = {}
+        self._hooks: list = []
+        self._moved: list[tuple[torch.Tensor | nn.Parameter, torch.Tensor, Any, str]] = []
+        self._placeholders: dict[torch.dtype, torch.Tensor] = {}
+        self._records: list[dict] = []
+        self._bounds: list[dict] = []
+        self._memory: list[dict] = []
+        self._step: int | None = None
+        self._steps_done = 0
+        self._device_ledger = 0
+        self._init_peak = 0
+        self._entered = False
+        self._meta: dict[str, Any] = {}
+
+    # -- plan ↔ model ----------------------------------------------------------------------------
+    @staticmethod
+    def _check_plan(model: nn.Module, plan) -> list[_Group]:
+        spec = plan.spec
+        mods = dict(model.named_modules())
+        groups = []
+        for g in spec.groups:
+            blocks = mods.get(g.name)
+            if not isinstance(blocks, nn.ModuleList):
+                raise OffloadError(
+                    f"plan group {g.name!r} is not an nn.ModuleList of this model; its groups: "
+                    f"{[n for n, m in mods.items() if isinstance(m, nn.ModuleList) and len(m) > 1]}")
+            if len(blocks) != g.num_layers:
+                raise OffloadError(
+                    f"plan group {g.name!r} has {g.num_layers} layers but the model's has {len(blocks)}: "
+                    f"the plan was made for another model (build it from spec_of(model))")
+            for layer in g.layers:
+                nbytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in blocks[layer.index].parameters()}.values())
+                if nbytes != layer.bytes:
+                    raise OffloadError(
+                        f"layer {layer.name} has {nbytes} bytes in the model but {layer.bytes} in the plan's "
+                        f"spec {spec.name!r}: the plan was made for another model")
+            pl = plan.layers[plan.layers["group"] == g.name]
+            streamed = [int(i) for i in pl[pl["streamed"]]["layer"].sort_values()]
+            resident = [int(i) for i in pl[~pl["streamed"]]["layer"].sort_values()]
+            grp = _Group(g.name, blocks, streamed, resident)
+            grp.pos = {i: k for k, i in enumerate(streamed)}
+            groups.append(grp)
+        owners: dict[int, str] = {}
+        for grp in groups:
+            for i, block in enumerate(grp.blocks):
+                for p in block.parameters():
+                    where = f"{grp.name}.{i}"
+                    if owners.setdefault(id(p), where) != where:
+                        raise OffloadError(
+                            f"a parameter is shared by {owners[id(p)]} and {where}; a layer's weights must "
+                            f"be its own to be offloaded (make the shared tensor non-layer)")
+        return groups
+
+    def _tier(self, group: str, layer: int) -> str:
+        return self.plan.tier_of(group, layer)
+
+    # -- enter / exit --------------------------------------------------------------------------
+    def __enter__(self) -> OffloadManager:
+        if self.model in _ACTIVE:
+            raise OffloadError("this model is already under an offload manager; leave that one first")
+        _ACTIVE.add(self.model)
+        self._entered = True
+        try:
+            self._start()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _start(self) -> None:
+        mem0 = process_memory()
+        host = HostMemory.probe()
+        if self.backend_name == "cuda":
+            self._backend = CudaBackend(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._cuda_base = torch.cuda.memory_allocated(self.device)
+        else:
+            self._backend = CpuBackend(self.device)
+        self._init()
+        # read before prefetch is armed: on the cpu backend, device buffers are anonymous too
+        stores_anon = process_memory()["anon_bytes"] - mem0["anon_bytes"]
+        for g in self._groups:
+            self._arm(g)
+        pinned = sum(s.pinned_bytes for s in self._stores.values())
+        spec = self.plan.spec
+        self._meta = {
+            "run": uuid.uuid4().hex[:12],
+            "backend": self.backend_name,
+            "simulated": False,
+            "device_name": self._backend.device_name(),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "platform": platform.platform(),
+            "model": spec.name,
+            "model_bytes": spec.total_bytes,
+            "plan": {**self.plan.params, "ledger": self.plan.ledger, "warnings": list(self.plan.warnings)},
+            # the whole plan (spec included), so a run can be re-simulated or re-planned later
+            "plan_full": self.plan.to_dict(),
+            "prefetch": int(self.plan.prefetch),
+            "host": host.to_dict(),
+            "init_strategy": self.init_strategy,
+            "startup_peak_bytes": int(self._init_peak),
+            "predicted_startup_peak_bytes": int(self.plan.startup_peak(self.init_strategy)),
+            "net_anonymous_bytes": int(stores_anon),
+            "pinned_bytes": int(pinned),
+            "init": {"resident_bytes_copied": int(sum(
+                self._stores[k].nbytes for k in self._resident_bufs))},
+            "groups": [g.name for g in self._groups],
+        }
+        if self.backend_name == "cuda":
+            self._meta["cuda"] = {"capability": list(torch.cuda.get_device_capability(self.device)),
+                                  "total_memory": torch.cuda.get_device_properties(self.device).total_memory}
+        tiers = [self._tier(g.name, i) for g in self._groups for i in range(len(g.blocks))]
+        self._meta["label"] = self.label or f"{_tiers_label(tiers)}, prefetch {self.plan.prefetch}"
+        self._install_hooks()
+        self._sample_memory()
+
+    def _restore(self) -> None:
+        """Put the model back exactly as it was; free pinned memory; stop copy threads."""
+        errors = []
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self._backend is not None:
+            try:
+                self._backend.close()
+            except Exception as e:  # keep restoring; report after
+                errors.append(e)
+        for g in self._groups:
+            g.in_flight.clear()
+            g.live.clear()
+        self._resident_bufs.clear()
+        for store in self._stores.values():
+            try:
+                store.restore()
+            except Exception as e:
+                errors.append(e)
+        self._stores.clear()
+        for t, orig, req, _ in reversed(self._moved):
+            t.data = orig
+            if isinstance(t, nn.Parameter):
+                t.requires_grad_(req)
+        self._moved.clear()
+        self._placeholders.clear()
+        if self._entered:
+            _ACTIVE.discard(self.model)
+            self._entered = False
+        if self.backend_name == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if errors:
+            raise RuntimeError(f"restoring the model hit {len(errors)} error(s): {errors[0]!r}") from errors[0]
+
+    # -- initialisation (DESIGN §4) ------------------------------------------------------------------
+    def _layer_param_ids(self) -> set[int]:
+        return {id(p) for g in self._groups for b in g.blocks for p in b.parameters()}
+
+    def _non_layer_bytes(self) -> int:
+        ids = self._layer_param_ids()
+        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values()
+                   if id(p) not in ids)
+
+    def _ledger(self, delta: int) -> None:
+        self._device_ledger += delta
+        self._init_peak = max(self._init_peak, self._device_used())
+
+    def _device_used(self) -> int:
+        if self.backend_name == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self._cuda_base
+        return self._device_ledger
+
+    def _placeholder(self, dtype: torch.dtype) -> torch.Tensor:
+        ph = self._placeholders.get(dtype)
+        if ph is None:
+            ph = self._placeholders[dtype] = torch.zeros(1, dtype=dtype, device=self.device)
+        return ph
+
+    def _move(self, t: torch.Tensor, kind: str) -> None:
+        if t.device == self.device and self.backend_name == "cuda":
+            return
+        orig = t.data
+        self._moved.append((t, orig, t.requires_grad if isinstance(t, nn.Parameter) else None, kind))
+        if self.backend_name == "cuda":
+            t.data = orig.to(self.device)
+        self._ledger(orig.numel() * orig.element_size() if isinstance(t, nn.Parameter) else 0)
+
+    def _move_rest(self, skip_ids: set[int]) -> None:
+        """Move every parameter not yet offloaded, and every buffer, to the device."""
+        moved = {id(t) for t, *_ in self._moved}
+        for p in {id(p): p for p in self.model.parameters()}.values():
+            if id(p) not in skip_ids and id(p) not in moved:
+                self._move(p, "param")
+        for b in self.model.buffers():
+            if id(b) not in moved:
+                self._move(b, "buffer")
+
+    def _offload_group(self, g: _Group, originals: dict[int, torch.Tensor]) -> None:
+        pin = self.backend_name == "cuda"
+        file_backed = file_backed_checker()
+
+        def keep(t: torch.Tensor) -> bool:
+            return t.device.type != "cpu" or file_backed(t)
+
+        for i, block in enumerate(g.blocks):
+            tier = self._tier(g.name, i)
+            store = LayerStore.from_module(g.name, i, block, tier)
+            # a parameter the naive strategy moved to the device must still come back to the host
+            for s in store.slots:
+                if id(s.param) in originals:
+                    s.orig_data = originals.pop(id(s.param))
+                    self._moved = [m for m in self._moved if m[0] is not s.param]
+                    self._ledger(-s.numel * s.dtype.itemsize)
+            if tier == "resident":
+                store.host_fill(pin=False, keep_original=lambda t: True)
+                bufs = store.alloc_device(self.device)
+                store.copy_into(bufs, non_blocking=False)
+                store.bind(bufs)
+                self._resident_bufs[(g.name, i)] = bufs
+                self._ledger(store.nbytes)
+            else:
+                store.host_fill(pin=pin and tier == "pinned", keep_original=keep)
+                store.unbind({dt: self._placeholder(dt) for dt in store.sizes()})
+            self._stores[(g.name, i)] = store
+
+    def _init(self) -> None:
+        layer_ids = self._layer_param_ids()
+        if self.init_strategy == "grouped":
+            by_name = {g.name: g for g in self._groups}
+            for name in self.plan.init_order:
+                self._offload_group(by_name[name], {})
+            self._move_rest(layer_ids)
+        else:
+            done: set[int] = set()
+            for g in self._groups:
+                originals = {id(t): orig for t, orig, _, kind in self._moved if kind == "param"}
+                self._offload_group(g, originals)
+                done |= {id(p) for b in g.blocks for p in b.parameters()}
+                # the whole model moves now, later groups included: the transient peak
+                self._move_rest(done)
+
+    def _arm(self, g: _Group) -> None:
+        for i in g.streamed[: self._depth(g)]:
+            self._issue(g, i)
+
+    def _depth(self, g: _Group) -> int:
+        return min(int(self.plan.prefetch), max(len(g.streamed) - 1, 0))
+
+    # -- copies ----------------------------------------------------------------------------------------
+    def _issue(self, g: _Group, i: int) -> CopyTicket:
+        store = self._stores[(g.name, i)]
+        ticket = CopyTicket(g.name, i, store.tier, store.nbytes)
+        ticket.bufs = store.alloc_device(self.device)
+        self._ledger(store.nbytes)
+
+        def work(non_blocking: bool) -> None:
+            store.copy_into(ticket.bufs, non_blocking=non_blocking)
+
+        self._backend.issue(ticket, work, blocking=store.tier != "pinned")
+        g.in_flight[i] = ticket
+        return ticket
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def _install_hooks(self) -> None:
+        for g in self._groups:
+            for i, block in enumerate(g.blocks):
+                pre, post = self._make_hooks(g, i)
+                self._hooks.append(block.register_forward_pre_hook(pre))
+                self._hooks.append(block.register_forward_hook(post))
+
+    def _make_hooks(self, g: _Group, i: int) -> tuple[Callable, Callable]:
+        streamed = i in g.pos
+        tier = self._tier(g.name, i)
+        store = self._stores[(g.name, i)]
+        nbytes = store.nbytes
+        open_recs: list[dict] = []
+
+        def pre(module, args):
+            rec = {"group": g.name, "layer": i, "tier": tier, "bytes": nbytes, "step": self._current_step()}
+            if streamed:
+                ticket = g.in_flight.pop(i, None)
+                if ticket is None:  # not prefetched (prefetch 0, or a layer run out of order)
+                    self._issue(g, i)
+                    ticket = g.in_flight.pop(i)
+                k, n = g.pos[i], len(g.streamed)
+                for d in range(1, self._depth(g) + 1):
+                    j = g.streamed[(k + d) % n]
+                    if j not in g.in_flight and j != i:
+                        self._issue(g, j)
+                w, c = self._backend.wait(ticket)
+                store.bind(ticket.bufs)
+                g.live[i] = ticket
+                rec.update(ticket=ticket, wait=w, start=c)
+            else:
+                rec["start"] = self._backend.mark()
+            open_recs.append(rec)
+
+        def post(module, args, output):
+            rec = open_recs.pop()
+            rec["end"] = self._backend.mark()
+            self._records.append(rec)
+            if streamed:
+                ticket = g.live.pop(i)
+                store.unbind(self._placeholders)
+                ticket.bufs = {}
+                self._ledger(-nbytes)
+            if self.record_memory:
+                self._sample_memory()
+
+        return pre, post
+
+    # -- steps -------------------------------------------------------------------------------------------
+    def _current_step(self) -> int:
+        return self._step if self._step is not None else self._steps_done
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[OffloadManager]:
+        """Mark one step (e.g. one denoising step: every forward of the model inside it)."""
+        if not self._entered:
+            raise OffloadError("step() must be used inside `with offload(...)`")
+        if self._step is not None:
+            raise OffloadError("steps do not nest")
+        self._step = self._steps_done
+        start = self._backend.begin_step()
+        try:
+            yield self
+        finally:
+            end = self._backend.end_step()
+            self._bounds.append({"step": self._step, "start": start, "end": end})
+            self._steps_done += 1
+            self._step = None
+
+    # -- memory -----------------------------------------------------------------------------------------
+    def _sample_memory(self) -> None:
+        pm = process_memory()
+        dev = (torch.cuda.memory_allocated(self.device) - self._cuda_base
+               if self.backend_name == "cuda" else self._device_ledger)
+        self._memory.append({
+            "t_s": self._backend.host_to_device_time(self._backend.now()),
+            "device_bytes": int(dev),
+            "pinned_bytes": int(sum(s.pinned_bytes for s in self._stores.values())),
+            "anon_bytes": int(pm["anon_bytes"]),
+            "mapped_bytes": int(pm["file_bytes"]),
+        })
+
+    # -- the Run -----------------------------------------------------------------------------------------
+    def build_run(self, warmup: int = 0) -> Run:
+        """The Run recorded so far (markers resolved on the device clock)."""
+        if self._backend is None:
+            raise OffloadError("nothing recorded yet: enter the manager first")
+        self._backend.synchronize()
+        r = self._backend.resolve
+        events = []
+        for rec in self._records:
+            base = {"run": self._meta["run"], "step": rec["step"], "group": rec["group"],
+                    "layer": rec["layer"], "tier": rec["tier"]}
+            start, end = r(rec["start"]), r(rec["end"])
+            t = rec.get("ticket")
+            if t is not None:
+                c0, c1 = r(t.start), r(t.end)
+                events.append({**base, "kind": "copy", "stream": "copy", "bytes": t.nbytes,
+                               "start_s": c0, "end_s": c1})
+                if t.host_block is not None:
+                    events.append({**base, "kind": "host_block", "stream": "host", "bytes": t.nbytes,
+                                   "start_s": t.host_block[0], "end_s": t.host_block[1]})
+                w = r(rec["wait"])
+                if c1 > w:
+                    events.append({**base, "kind": "wait", "stream": "compute", "bytes": 0,
+                                   "start_s": w, "end_s": max(start, c1)})
+            events.append({**base, "kind": "compute", "stream": "compute", "bytes": 0,
+                           "start_s": start, "end_s": end})
+        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in self._bounds]
+        return Run.build(events, bounds, self.plan.layers, self._memory, dict(self._meta), warmup=warmup)
+
+    @property
+    def run(self) -> Run:
+        return self.build_run()
+

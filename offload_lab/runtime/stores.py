@@ -1,0 +1,152 @@
+"""Host stores: where one layer's weights live between uses, and how they come back.
+
+A :class:`LayerStore` owns the host copy of one layer in its tier — one packed buffer per dtype
+for ``pinned`` and ``pageable``, the checkpoint's own file pages for ``mapped`` — and the
+bookkeeping to put each parameter back exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..plan import STORE_ALIGNMENT
+
+
+@dataclass
+class ParamSlot:
+    """One parameter of a layer: where it sits in the packed stores, and how it looked before."""
+
+    name: str
+    param: nn.Parameter
+    dtype: torch.dtype
+    shape: torch.Size
+    offset: int  # elements into the packed buffer of its dtype
+    numel: int
+    orig_device: torch.device
+    orig_requires_grad: bool
+    orig_data: torch.Tensor | None = None  # kept only where the original must outlive offload
+
+
+def _pin_exact(t: torch.Tensor) -> None:
+    """Page-lock ``t``'s own pages, at exactly its size.
+
+    torch's caching host allocator (``pin_memory=True``) rounds each block up to a power of
+    two: a 1.20 GiB store would lock 2 GiB. Registering a plain allocation locks what is used.
+    """
+    nbytes = t.numel() * t.element_size()
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(err)}")
+
+
+def _unpin(t: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+
+
+@dataclass
+class LayerStore:
+    """The host side of one layer in one tier."""
+
+    group: str
+    index: int
+    tier: str
+    slots: list[ParamSlot]
+    buffers: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # packed host stores
+    pinned_bytes: int = 0  # page-locked bytes (cuda backend only)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n * dt.itemsize for dt, n in self.sizes().items())
+
+    def sizes(self) -> dict[torch.dtype, int]:
+        """Elements of each per-dtype packed buffer, alignment padding included."""
+        out: dict[torch.dtype, int] = {}
+        for s in self.slots:
+            step = max(STORE_ALIGNMENT // s.dtype.itemsize, 1)
+            end = -(-(s.offset + s.numel) // step) * step
+            out[s.dtype] = max(out.get(s.dtype, 0), end)
+        return out
+
+    # -- build ---------------------------------------------------------------------------------
+    @classmethod
+    def from_module(cls, group: str, index: int, block: nn.Module, tier: str) -> LayerStore:
+        slots: list[ParamSlot] = []
+        offsets: dict[torch.dtype, int] = {}
+        seen: set[int] = set()
+        for name, p in block.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            off = offsets.get(p.dtype, 0)
+            slots.append(ParamSlot(name, p, p.dtype, p.shape, off, p.numel(), p.device, p.requires_grad))
+            # each slice starts on the planner's alignment, so store bytes equal the plan's
+            step = max(STORE_ALIGNMENT // p.dtype.itemsize, 1)
+            offsets[p.dtype] = -(-(off + p.numel()) // step) * step
+        return cls(group, index, tier, slots)
+
+    def host_fill(self, pin: bool, keep_original: Callable[[torch.Tensor], bool]) -> None:
+        """Create the host copy of this layer for its tier.
+
+        ``mapped`` keeps each parameter's original tensor (a view of the checkpoint's pages) as
+        its store. Otherwise the layer is packed into one buffer per dtype; an original for which
+        ``keep_original`` is false (plain anonymous host memory) is dropped, since the packed
+        copy replaces it and so costs no new anonymous memory; file-backed or device originals
+        are kept for restore. An ``orig_data`` set beforehand (the naive init strategy's) wins.
+        """
+        if self.tier == "mapped":
+            for s in self.slots:
+                if s.orig_data is None:
+                    s.orig_data = s.param.data
+            return
+        for dt, n in self.sizes().items():
+            self.buffers[dt] = torch.empty(n, dtype=dt, device="cpu")
+        for s in self.slots:
+            src = s.param.data
+            self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape).copy_(src)
+            if s.orig_data is None and keep_original(src):
+                s.orig_data = src
+        if pin:
+            for buf in self.buffers.values():
+                _pin_exact(buf)
+                self.pinned_bytes += buf.numel() * buf.element_size()
+
+    # -- device side ---------------------------------------------------------------------------
+    def alloc_device(self, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
+        return {dt: torch.empty(n, dtype=dt, device=device) for dt, n in self.sizes().items()}
+
+    def copy_into(self, dev: dict[torch.dtype, torch.Tensor], non_blocking: bool) -> None:
+        """Host store → device buffers: one copy per dtype (per tensor for file views)."""
+        if self.tier == "mapped":
+            for s in self.slots:
+                dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape).copy_(s.orig_data, non_blocking=non_blocking)
+            return
+        for dt, buf in self.buffers.items():
+            dev[dt].copy_(buf, non_blocking=non_blocking)
+
+    def bind(self, dev: dict[torch.dtype, torch.Tensor]) -> None:
+        for s in self.slots:
+            s.param.data = dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+
+    def unbind(self, placeholders: dict[torch.dtype, torch.Tensor]) -> None:
+        for s in self.slots:
+            s.param.data = placeholders[s.dtype]
+
+    # -- restore -------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Put every parameter back: same values, dtype, device and requires_grad."""
+        if self.pinned_bytes:
+            for buf in self.buffers.values():
+                _unpin(buf)
+            self.pinned_bytes = 0
+        for s in self.slots:
+            if s.orig_data is not None:
+                s.param.data = s.orig_data
+            else:
+                # the packed store replaced an anonymous host original: view it back in place
+                s.param.data = self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+            s.param.requires_grad_(s.orig_requires_grad)
+        self.buffers = {}

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Every GPU measurement of offload-lab, as one command (under 8 minutes on an H200).
+
+    PYTHONPATH=. python3 scripts/gpu_check.py --out DIR
+
+Builds a Wan2.1-T2V-1.3B-shaped synthetic DiT at full width in bf16 and profiles it with
+32,760 tokens (480p) on the cuda backend under: no offload (all resident), all streamed
+pinned / pageable / mapped (from a saved checkpoint), prefetch 0/1/2; then the same model with
+few tokens (copy-bound), and a T2V-14B-shaped model all-pinned vs all-pageable when the time
+budget allows. Every Run is saved under DIR (also bundled as ``gpu_runs.tar``), with a
+comparison table (``comparison.csv``) and the simulator's predictions from a profile
+calibrated on the pinned run (``sim_accuracy.csv``). Needs only torch, pandas, pyarrow, psutil
+and safetensors. Without CUDA it exits with a clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="directory for the runs, comparison and log")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="skip remaining configurations once this many seconds have passed (default 420)")
+    ap.add_argument("--steps", type=int, default=2, help="measured steps per run (default 2)")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
+    ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
+    ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible to torch "
+              f"(torch {torch.__version__}); this script measures the cuda backend and needs a GPU.",
+              file=sys.stderr)
+        return 2
+
+    import pandas as pd
+
+    import offload_lab
+    from offload_lab import HostMemory, catalog, synthetic
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_dir = out / "runs"
+    runs_dir.mkdir(exist_ok=True)
+    t_start = time.perf_counter()
+    runs: list = []
+    rows: list[dict] = []
+    dev = torch.device("cuda")
+    host = HostMemory.probe()
+    print(f"gpu_check: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
+          f"host available {offload_lab.format_bytes(host.available)}", flush=True)
+
+    def elapsed() -> float:
+        return time.perf_counter() - t_start
+
+    def bundle() -> None:
+        with tarfile.open(out / "gpu_runs.tar", "w") as tar:
+            for p in sorted(runs_dir.glob("*.zip")):
+                tar.add(p, arcname=p.name)
+        if rows:
+            pd.DataFrame(rows).to_csv(out / "comparison.csv", index=False)
+
+    def measure(name: str, model, inputs, plan, init: str = "grouped") -> None:
+        if elapsed() > args.budget_s:
+            print(f"  skip {name}: time budget of {args.budget_s:.0f} s spent", flush=True)
+            return
+        t0 = time.perf_counter()
+        try:
+            run = offload_lab.profile(model, lambda: model(**inputs), plan, steps=args.steps,
+                                      warmup=args.warmup, backend="cuda", init=init, label=name)
+        except Exception:
+            print(f"  FAILED {name}:\n{traceback.format_exc()}", flush=True)
+            torch.cuda.empty_cache()
+            return
+        run.meta["gpu_check"] = {"tokens": int(inputs_tokens[0]), "machine": "lent H200 (device tool)"}
+        runs.append(run)
+        run.save(runs_dir / f"{len(runs):02d}-{name}.zip")
+        st = run.steps
+        rows.append({
+            "label": name, "model": run.meta["model"], "tokens": inputs_tokens[0],
+            "step_s": run.step_time, "compute_s": float(st["compute_s"].median()),
+            "copy_s": float(st["copy_s"].median()), "stall_s": float(st["stall_s"].median()),
+            "overlap": float(st["overlap"].median()), "bytes_moved": int(st["bytes_moved"].median()),
+            "startup_peak_gib": run.meta["startup_peak_bytes"] / 2**30,
+            "predicted_peak_gib": run.meta["predicted_startup_peak_bytes"] / 2**30,
+            "pinned_gib": run.meta["pinned_bytes"] / 2**30,
+            "net_anon_gib": run.meta["net_anonymous_bytes"] / 2**30,
+            "wall_s": time.perf_counter() - t0,
+        })
+        r = rows[-1]
+        print(f"  {name:<28} {r['step_s']:8.4f} s/step  compute {r['compute_s']:.4f}  copy {r['copy_s']:.4f}"
+              f"  stall {r['stall_s']:.4f}  overlap {r['overlap']:.2f}  ({r['wall_s']:.1f} s)", flush=True)
+        bundle()
+
+    inputs_tokens = [args.tokens]
+
+    # -- Wan2.1 T2V-1.3B, full width, bf16 ------------------------------------------------------
+    spec13 = catalog.load("wan2.1-t2v-1.3b")
+    print(f"[{elapsed():6.1f}s] building {spec13.name} synthetic ({offload_lab.format_bytes(spec13.total_bytes)})",
+          flush=True)
+    model = synthetic.build(spec13, scale=1.0, dtype=torch.bfloat16, seed=0)
+    model.eval()
+    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v)
+              for k, v in synthetic.example_inputs(model, tokens=args.tokens).items()}
+    spec = offload_lab.spec_of(model, name=spec13.name)
+    big_host = HostMemory(available=host.available)
+
+    def mk(**kw):
+        return offload_lab.plan(spec, host=big_host, **kw)
+
+    measure("1.3B resident (no offload)", model, inputs, mk(resident=1.0))
+    measure("1.3B pinned p1", model, inputs, mk(tier="pinned", prefetch=1))
+    measure("1.3B pageable p1", model, inputs, mk(tier="pageable", prefetch=1))
+    measure("1.3B pinned p0", model, inputs, mk(tier="pinned", prefetch=0))
+    measure("1.3B pinned p2", model, inputs, mk(tier="pinned", prefetch=2))
+    half = int(spec.layers["bytes"].sum() // 2)
+    measure("1.3B half pin budget p1", model, inputs, mk(pin_budget=half, prefetch=1))
+
+    # copy-bound regime: few tokens, so each block's compute is shorter than its copy
+    inputs_tokens[0] = 1024
+    small = {k: (v.to(dev) if torch.is_tensor(v) else v)
+             for k, v in synthetic.example_inputs(model, tokens=1024).items()}
+    measure("1.3B pinned p1 1k-tok", model, small, mk(tier="pinned", prefetch=1))
+    measure("1.3B pageable p1 1k-tok", model, small, mk(tier="pageable", prefetch=1))
+    inputs_tokens[0] = args.tokens
+
+    # mapped: the same weights served from a saved checkpoint's pages
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
+        try:
+            synthetic.save(model, Path(tmp) / "ckpt")
+            mapped_model = synthetic.load(Path(tmp) / "ckpt", mmap=True)
+            mspec = offload_lab.spec_of(mapped_model, name=spec13.name)
+            mplan = offload_lab.plan(mspec, tier="mapped", prefetch=1, host=big_host)
+            measure("1.3B mapped p1", mapped_model, inputs, mplan)
+            del mapped_model
+        except Exception:
+            print(f"  FAILED mapped setup:\n{traceback.format_exc()}", flush=True)
+    del model
+    torch.cuda.empty_cache()
+
+    # -- Wan2.1 T2V-14B-shaped: pinned vs pageable ---------------------------------------------
+    spec14 = catalog.load("wan2.1-t2v-14b")
+    if not args.skip_14b and elapsed() < args.budget_s * 0.55 and host.available > 3 * spec14.total_bytes:
+        print(f"[{elapsed():6.1f}s] building {spec14.name} synthetic ({offload_lab.format_bytes(spec14.total_bytes)})",
+              flush=True)
+        model = synthetic.build(spec14, scale=1.0, dtype=torch.bfloat16, seed=0)
+        model.eval()
+        inputs = {k: (v.to(dev) if torch.is_tensor(v) else v)
+                  for k, v in synthetic.example_inputs(model, tokens=args.tokens).items()}
+        spec = offload_lab.spec_of(model, name=spec14.name)
+        measure("14B pinned p1", model, inputs, offload_lab.plan(spec, tier="pinned", host=big_host))
+        measure("14B pageable p1", model, inputs, offload_lab.plan(spec, tier="pageable", host=big_host))
+        del model
+    else:
+        print(f"[{elapsed():6.1f}s] skipping the 14B pair (time or host memory)", flush=True)
+
+    bundle()
+    if rows:
+        table = pd.DataFrame(rows)
+        table["ratio"] = table["step_s"] / table["step_s"].iloc[0]
+        print("\n" + table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    # the simulator, calibrated on one measured run, predicting the others
+    try:
+        acc = []
+        base = next(r for r in runs if r.label == "1.3B pinned p1")
+        prof = offload_lab.calibrate(base)
+        for r in runs:
+            if r.meta["model"] != base.meta["model"] or r.meta.get("gpu_check", {}).get("tokens") != args.tokens:
+                continue
+            from offload_lab.plan import Plan
+
+            plan = Plan.from_dict(r.meta["plan_full"]) if "plan_full" in r.meta else None
+            if plan is None:
+                continue
+            sim = offload_lab.simulate(plan.spec, plan, prof, steps=args.steps)
+            acc.append({"label": r.label, "measured_s": r.step_time, "simulated_s": sim.step_time,
+                        "error": sim.step_time / r.step_time - 1})
+        if acc:
+            pd.DataFrame(acc).to_csv(out / "sim_accuracy.csv", index=False)
+            print("\nsimulated (calibrated on '1.3B pinned p1') vs measured:\n"
+                  + pd.DataFrame(acc).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    except Exception:
+        print(f"sim accuracy skipped:\n{traceback.format_exc()}", flush=True)
+    print(f"gpu_check: {len(runs)} runs in {elapsed():.1f} s -> {out}", flush=True)
+    return 0 if runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
