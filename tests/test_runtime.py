@@ -128,7 +128,7 @@ def test_frame_invariants(wan):
     assert list(run.steps["step"]) == [1, 2, 3] and run.meta["warmup_dropped"] == 1
     streamed_bytes = int(plan.layers.loc[plan.layers["streamed"], "bytes"].sum())
     assert run.steps["bytes_moved"].tolist() == [streamed_bytes] * 3
-    for step, g in ev.groupby("step"):
+    for _step, g in ev.groupby("step"):
         comp = g[g["kind"] == "compute"].sort_values("start_s")
         # compute intervals never overlap each other
         assert (comp["start_s"].to_numpy()[1:] >= comp["end_s"].to_numpy()[:-1]).all()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import sys
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -15,7 +14,6 @@ import torch
 from torch import nn
 
 from ..hostmem import HostMemory, file_backed_checker, process_memory
-from ..spec import dtype_name
 from ..timeline import Run
 from .backends import CopyTicket, CpuBackend, CudaBackend
 from .stores import LayerStore
@@ -81,6 +79,8 @@ class OffloadManager:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         if device.type != ("cuda" if backend == "cuda" else "cpu"):
             raise OffloadError(f"device {str(device)!r} does not match backend {backend!r}")
         self.model, self.plan, self.device = model, plan, device
@@ -293,7 +293,9 @@ class OffloadManager:
         file_backed = file_backed_checker()
 
         def keep(t: torch.Tensor) -> bool:
-            return t.device.type != "cpu" or file_backed(t)
+            # file views cost nothing to keep; anonymous or device originals are replaced by
+            # the store (restore views or copies it back), so the model is not held twice
+            return t.device.type == "cpu" and file_backed(t)
 
         for i, block in enumerate(g.blocks):
             tier = self._tier(g.name, i)

@@ -7,6 +7,7 @@ bookkeeping to put each parameter back exactly as it was.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,20 +32,25 @@ class ParamSlot:
     orig_data: torch.Tensor | None = None  # kept only where the original must outlive offload
 
 
-def _pin_exact(t: torch.Tensor) -> None:
-    """Page-lock ``t``'s own pages, at exactly its size.
+def _exact_pinned(nbytes: int) -> tuple[torch.Tensor, int]:
+    """A host buffer of ``nbytes`` page-locked at its own size; returns it and the locked bytes.
 
     torch's caching host allocator (``pin_memory=True``) rounds each block up to a power of
-    two: a 1.20 GiB store would lock 2 GiB. Registering a plain allocation locks what is used.
+    two: a 1.20 GiB store would lock 2 GiB. Here the buffer is an anonymous mapping of its own
+    (so no two registrations ever share a page) registered with ``cudaHostRegister``.
     """
-    nbytes = t.numel() * t.element_size()
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(err)}")
+    mm = mmap.mmap(-1, max(nbytes, 1))
+    raw = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mapping alive while views exist
+    locked = -(-len(mm) // mmap.PAGESIZE) * mmap.PAGESIZE
+    err = torch.cuda.cudart().cudaHostRegister(raw.data_ptr(), len(mm), 0)
+    code = int(getattr(err, "value", err))
+    if code != 0:
+        raise RuntimeError(f"cudaHostRegister of {len(mm)} bytes failed with CUDA error {code}")
+    return raw, locked
 
 
-def _unpin(t: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+def _unpin(raw: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(raw.data_ptr())
 
 
 @dataclass
@@ -56,7 +62,8 @@ class LayerStore:
     tier: str
     slots: list[ParamSlot]
     buffers: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # packed host stores
-    pinned_bytes: int = 0  # page-locked bytes (cuda backend only)
+    pinned_bytes: int = 0  # page-locked bytes (cuda backend only), counted as really locked
+    _raw: torch.Tensor | None = None  # the one registered mapping behind the pinned buffers
 
     @property
     def nbytes(self) -> int:
@@ -97,22 +104,29 @@ class LayerStore:
         copy replaces it and so costs no new anonymous memory; file-backed or device originals
         are kept for restore. An ``orig_data`` set beforehand (the naive init strategy's) wins.
         """
-        if self.tier == "mapped":
+        if self.tier in ("mapped", "resident"):
+            # no host copy: a resident layer is copied to the device once from its originals
             for s in self.slots:
                 if s.orig_data is None:
                     s.orig_data = s.param.data
             return
-        for dt, n in self.sizes().items():
-            self.buffers[dt] = torch.empty(n, dtype=dt, device="cpu")
+        sizes = self.sizes()
+        if pin:
+            offsets, total = {}, 0
+            for dt, n in sizes.items():
+                offsets[dt] = total
+                total = -(-(total + n * dt.itemsize) // STORE_ALIGNMENT) * STORE_ALIGNMENT
+            self._raw, self.pinned_bytes = _exact_pinned(total)
+            for dt, n in sizes.items():
+                self.buffers[dt] = self._raw[offsets[dt]:offsets[dt] + n * dt.itemsize].view(dt)
+        else:
+            for dt, n in sizes.items():
+                self.buffers[dt] = torch.empty(n, dtype=dt, device="cpu")
         for s in self.slots:
             src = s.param.data
             self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape).copy_(src)
             if s.orig_data is None and keep_original(src):
                 s.orig_data = src
-        if pin:
-            for buf in self.buffers.values():
-                _pin_exact(buf)
-                self.pinned_bytes += buf.numel() * buf.element_size()
 
     # -- device side ---------------------------------------------------------------------------
     def alloc_device(self, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
@@ -120,7 +134,7 @@ class LayerStore:
 
     def copy_into(self, dev: dict[torch.dtype, torch.Tensor], non_blocking: bool) -> None:
         """Host store → device buffers: one copy per dtype (per tensor for file views)."""
-        if self.tier == "mapped":
+        if self.tier in ("mapped", "resident"):
             for s in self.slots:
                 dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape).copy_(s.orig_data, non_blocking=non_blocking)
             return
@@ -138,15 +152,15 @@ class LayerStore:
     # -- restore -------------------------------------------------------------------------------
     def restore(self) -> None:
         """Put every parameter back: same values, dtype, device and requires_grad."""
-        if self.pinned_bytes:
-            for buf in self.buffers.values():
-                _unpin(buf)
-            self.pinned_bytes = 0
+        if self._raw is not None:
+            _unpin(self._raw)
+            self._raw, self.pinned_bytes = None, 0
         for s in self.slots:
             if s.orig_data is not None:
                 s.param.data = s.orig_data
             else:
-                # the packed store replaced an anonymous host original: view it back in place
-                s.param.data = self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+                # the packed store replaced the original: view it back (or copy to its device)
+                view = self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+                s.param.data = view if s.orig_device.type == "cpu" else view.to(s.orig_device)
             s.param.requires_grad_(s.orig_requires_grad)
         self.buffers = {}

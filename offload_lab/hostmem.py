@@ -1,0 +1,433 @@
+"""Host memory: what this machine (or a hypothetical one) can spend on weight stores.
+
+The planner never asks the OS directly; it reads a :class:`HostMemory` snapshot, so that a plan
+for "a 32 GiB host" is made exactly like a plan for this machine. The reserve rule of DESIGN §4:
+
+* ``available`` = min(psutil available, cgroup limit − usage) — a container's limit is what the
+  OOM killer enforces, not the machine's free memory;
+* ``reserve`` = max(5 % of available, 2 GiB) — headroom the plan never spends;
+* ``spendable`` = max(0, available − reserve − pinned_bytes), where ``pinned_bytes`` are pins
+  already granted (to other components, or earlier) that ``available`` does not yet reflect.
+
+>>> host = HostMemory(available="64GiB")
+>>> format_bytes(host.reserve), format_bytes(host.spendable)
+('3.20 GiB', '60.80 GiB')
+
+Also here: :func:`process_memory` (this process's anonymous / file / shmem / locked resident
+bytes), :func:`is_file_backed` and :func:`file_backed_checker` (is a CPU tensor a view of a file
+mapping?), :func:`rounded_size` and :class:`PinLedger` (count what is really page-locked).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .units import format_bytes, parse_size
+
+__all__ = [
+    "RESERVE_FRACTION", "RESERVE_FLOOR", "ROUNDINGS", "HostMemory", "HostMemoryError",
+    "PinLedger", "process_memory", "cgroup_memory", "is_file_backed", "file_backed_checker",
+    "rounded_size",
+]
+
+RESERVE_FRACTION = 0.05
+RESERVE_FLOOR = 2 * 2**30
+ROUNDINGS = ("exact", "pow2")
+
+# /proc/self/status field -> our key (values are in kB)
+_STATUS_FIELDS = {
+    "RssAnon": "anon_bytes",
+    "RssFile": "file_bytes",
+    "RssShmem": "shmem_bytes",
+    "VmLck": "locked_bytes",
+}
+# cgroup v1 reports "no limit" as a huge number near 2**63 rounded down to a page
+_V1_UNLIMITED = 2**60
+
+
+class HostMemoryError(ValueError):
+    """A host-memory description, ledger entry or rounding mode that cannot be used."""
+
+
+def _size(value: Any, what: str) -> int:
+    return parse_size(value, what)
+
+
+@dataclass
+class HostMemory:
+    """A snapshot of host memory: measured (:meth:`probe`) or hypothetical.
+
+    Sizes accept ints or strings such as ``"32GiB"``.
+
+    >>> HostMemory(available="32GiB").spendable == 30 * 2**30
+    True
+    >>> HostMemory(available="43.39GiB").reserve > 2 * 2**30   # 5 % beats the 2 GiB floor
+    True
+    """
+
+    available: int
+    total: int | None = None
+    cgroup_limit: int | None = None
+    anon_bytes: int = 0
+    file_bytes: int = 0
+    shmem_bytes: int = 0
+    locked_bytes: int = 0
+    pinned_bytes: int = 0
+    source: str = "hypothetical"
+
+    def __post_init__(self) -> None:
+        self.available = _size(self.available, "available")
+        for name in ("total", "cgroup_limit"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, _size(value, name))
+        for name in ("anon_bytes", "file_bytes", "shmem_bytes", "locked_bytes", "pinned_bytes"):
+            setattr(self, name, _size(getattr(self, name), name))
+        if self.total is not None and self.total < self.available:
+            raise HostMemoryError(
+                f"total {format_bytes(self.total)} is less than available "
+                f"{format_bytes(self.available)}; total must be ≥ available (or None)"
+            )
+        if not isinstance(self.source, str) or not self.source:
+            raise HostMemoryError(
+                f"source {self.source!r} must be a non-empty string such as 'probe' or 'hypothetical'"
+            )
+
+    # -- the reserve rule ----------------------------------------------------------------
+    @property
+    def reserve(self) -> int:
+        """max(5 % of available, 2 GiB): never spent, so the OOM killer is never invited."""
+        return max(int(self.available * RESERVE_FRACTION), RESERVE_FLOOR)
+
+    @property
+    def headroom(self) -> int:
+        """available − reserve − pinned_bytes, unclamped: negative when the host is already
+        inside its reserve (then no plan fits, and the planner says so)."""
+        return self.available - self.reserve - self.pinned_bytes
+
+    @property
+    def spendable(self) -> int:
+        """max(0, available − reserve − pinned_bytes): the most a pin budget can be."""
+        return max(0, self.headroom)
+
+    # -- measuring -----------------------------------------------------------------------
+    @classmethod
+    def probe(cls, pinned_bytes: int | str = 0) -> HostMemory:
+        """Measure this machine now (``source="probe"``).
+
+        ``pinned_bytes``: pins already granted that are not yet allocated (so ``available``
+        does not reflect them).
+
+        >>> host = HostMemory.probe()
+        >>> host.source, host.available > 0
+        ('probe', True)
+        """
+        import psutil
+
+        vm = psutil.virtual_memory()
+        available = int(vm.available)
+        limit, cg_available = cgroup_memory()
+        if cg_available is not None:
+            available = min(available, cg_available)
+        proc = process_memory()
+        return cls(
+            available=available, total=max(int(vm.total), available), cgroup_limit=limit,
+            pinned_bytes=pinned_bytes, source="probe", **proc,
+        )
+
+    # -- JSON ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able; ``reserve`` and ``spendable`` are included for readers, ignored on load.
+
+        >>> HostMemory.from_dict(HostMemory(available="8GiB").to_dict()).available
+        8589934592
+        """
+        return {
+            "available": self.available, "total": self.total, "cgroup_limit": self.cgroup_limit,
+            "anon_bytes": self.anon_bytes, "file_bytes": self.file_bytes,
+            "shmem_bytes": self.shmem_bytes, "locked_bytes": self.locked_bytes,
+            "pinned_bytes": self.pinned_bytes, "source": self.source,
+            "reserve": self.reserve, "spendable": self.spendable,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostMemory:
+        if not isinstance(d, dict) or "available" not in d:
+            raise HostMemoryError(
+                f"host-memory dict {d!r} has no 'available'; expected the output of HostMemory.to_dict()"
+            )
+        keys = ("available", "total", "cgroup_limit", "anon_bytes", "file_bytes", "shmem_bytes",
+                "locked_bytes", "pinned_bytes", "source")
+        return cls(**{k: d[k] for k in keys if d.get(k) is not None})
+
+    def __repr__(self) -> str:
+        extra = f", pinned={format_bytes(self.pinned_bytes)}" if self.pinned_bytes else ""
+        return (
+            f"HostMemory(available={format_bytes(self.available)}, "
+            f"reserve={format_bytes(self.reserve)}, spendable={format_bytes(self.spendable)}"
+            f"{extra}, source={self.source!r})"
+        )
+
+
+# -- /proc and cgroup readers ------------------------------------------------------------------
+def process_memory(status_path: str | os.PathLike = "/proc/self/status") -> dict[str, int]:
+    """This process's resident memory by kind, in bytes (zeros where the file does not exist).
+
+    >>> sorted(process_memory())
+    ['anon_bytes', 'file_bytes', 'locked_bytes', 'shmem_bytes']
+    """
+    out = dict.fromkeys(_STATUS_FIELDS.values(), 0)
+    try:
+        text = Path(status_path).read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in _STATUS_FIELDS:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                unit = parts[1].lower() if len(parts) > 1 else "kb"
+                out[_STATUS_FIELDS[key]] = int(parts[0]) * (1024 if unit == "kb" else 1)
+    return out
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file(stat_path: Path, key: str) -> int:
+    try:
+        for line in stat_path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def cgroup_memory(
+    root: str | os.PathLike = "/sys/fs/cgroup", proc_cgroup: str | os.PathLike = "/proc/self/cgroup"
+) -> tuple[int | None, int | None]:
+    """``(limit, limit − usage)`` of the tightest memory cgroup this process is in, or
+    ``(None, None)`` where there is no limit (or no cgroup filesystem).
+
+    Both cgroup v2 (``memory.max`` / ``memory.current``) and v1 (``memory.limit_in_bytes`` /
+    ``memory.usage_in_bytes``) are read, at this process's cgroup and each ancestor. Inactive
+    file cache (``memory.stat``) is not counted as used: the kernel drops it before it OOM-kills,
+    just as psutil's ``available`` counts it free.
+
+    >>> cgroup_memory(root="/nonexistent")
+    (None, None)
+    """
+    root = Path(root)
+    rel_v2, rel_v1 = "/", "/"
+    try:
+        for line in Path(proc_cgroup).read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            if parts[0] == "0" and parts[1] == "":
+                rel_v2 = parts[2] or "/"
+            elif "memory" in parts[1].split(","):
+                rel_v1 = parts[2] or "/"
+    except OSError:
+        pass
+    candidates = []  # (directory, limit file, usage file, memory.stat key)
+    for base, rel, files in (
+        (root, rel_v2, ("memory.max", "memory.current", "inactive_file")),
+        (root / "memory", rel_v1, ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                   "total_inactive_file")),
+    ):
+        # a limit set on any ancestor binds too: check this cgroup and every parent
+        parts = [p for p in rel.split("/") if p and p != ".."]
+        for i in range(len(parts) + 1):
+            candidates.append((base.joinpath(*parts[:i]), *files))
+    best: tuple[int | None, int | None] = (None, None)
+    for d, limit_name, usage_name, stat_key in candidates:
+        limit = _read_int(d / limit_name)  # "max" (v2 unlimited) reads as None
+        if limit is None or limit >= _V1_UNLIMITED:
+            continue
+        usage = _read_int(d / usage_name)
+        if usage is None:
+            continue
+        usage = max(0, usage - _inactive_file(d / "memory.stat", stat_key))
+        free = max(0, limit - usage)
+        if best[1] is None or free < best[1]:
+            best = (limit, free)
+    return best
+
+
+# -- file-backed tensors ------------------------------------------------------------------------
+def _file_backed_ranges(maps_path: str | os.PathLike = "/proc/self/maps") -> list[tuple[int, int]]:
+    """Sorted, merged ``[start, end)`` address ranges of file mappings (not memfd, /dev/zero, SysV)."""
+    try:
+        text = Path(maps_path).read_text()
+    except OSError:
+        return []
+    ranges = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        addr, _perms, _offset, _dev, inode, path = parts
+        path = path.strip()
+        if inode == "0" or not path.startswith("/"):
+            continue
+        # memfd and SysV segments are shared anonymous memory, /dev/zero is anonymous too
+        if path.startswith(("/memfd:", "/SYSV", "/dev/zero")):
+            continue
+        lo, _, hi = addr.partition("-")
+        try:
+            ranges.append((int(lo, 16), int(hi, 16)))
+        except ValueError:
+            continue
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def file_backed_checker(maps_path: str | os.PathLike = "/proc/self/maps") -> Callable[[Any], bool]:
+    """A function telling whether a CPU tensor's bytes lie in a file mapping.
+
+    ``/proc/self/maps`` is read once, now: use this when checking many tensors, and make a new
+    checker after mapping new files. Where the file does not exist every answer is ``False``.
+
+    >>> import torch
+    >>> file_backed_checker()(torch.zeros(4))
+    False
+    """
+    ranges = _file_backed_ranges(maps_path)
+    starts = [lo for lo, _ in ranges]
+
+    def inside(addr: int) -> bool:
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and ranges[i][0] <= addr < ranges[i][1]
+
+    def check(tensor: Any) -> bool:
+        try:
+            if tensor.device.type != "cpu":
+                return False
+            nbytes = int(tensor.numel()) * int(tensor.element_size())
+            ptr = int(tensor.data_ptr())
+        except (AttributeError, RuntimeError):
+            return False
+        if nbytes == 0 or ptr == 0:
+            return False
+        # both ends: a view into a file mapping may straddle several merged map lines
+        return inside(ptr) and inside(ptr + nbytes - 1)
+
+    return check
+
+
+def is_file_backed(tensor: Any) -> bool:
+    """Whether a CPU tensor's storage lies in a file mapping (a zero-copy checkpoint view).
+
+    ``False`` (never an error) for non-CPU tensors, empty tensors, or where ``/proc/self/maps``
+    does not exist.
+
+    >>> import torch
+    >>> is_file_backed(torch.ones(3))
+    False
+    """
+    return file_backed_checker()(tensor)
+
+
+# -- what is really page-locked -----------------------------------------------------------------
+def rounded_size(nbytes: int, rounding: str = "exact") -> int:
+    """Bytes a host allocator really locks for a request of ``nbytes``.
+
+    ``"exact"``: what offload-lab allocates. ``"pow2"``: a caching host allocator that rounds each
+    block up to a power of two (torch's pinned-memory cache does) — how a 1.20 GiB store costs 2 GiB.
+
+    >>> rounded_size(1_291_143_680, "pow2") == 2 * 2**30
+    True
+    """
+    if rounding not in ROUNDINGS:
+        raise HostMemoryError(f"rounding {rounding!r} is not one of {list(ROUNDINGS)}")
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise HostMemoryError(f"nbytes {nbytes} is negative; expected a byte count ≥ 0")
+    if rounding == "exact" or nbytes == 0:
+        return nbytes
+    return 1 << (nbytes - 1).bit_length()
+
+
+class PinLedger:
+    """Counts the bytes really page-locked, per owner, at the size the allocator locks.
+
+    ``limit`` (optional): refuse a record that would take the total past it, *before* pinning.
+
+    >>> ledger = PinLedger(limit="4GiB")
+    >>> ledger.record("blocks.0", 1_291_143_680)
+    1291143680
+    >>> ledger.would_fit(3 * 2**30)
+    False
+    >>> ledger.release("blocks.0"); ledger.total
+    1291143680
+    0
+    """
+
+    def __init__(self, limit: int | str | None = None, rounding: str = "exact") -> None:
+        self.limit = None if limit is None else parse_size(limit, "limit")
+        rounded_size(0, rounding)  # validates the name
+        self.rounding = rounding
+        self._entries: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self._entries.values())
+
+    def footprint(self, nbytes: int) -> int:
+        return rounded_size(nbytes, self.rounding)
+
+    def would_fit(self, nbytes: int) -> bool:
+        return self.limit is None or self.total + self.footprint(nbytes) <= self.limit
+
+    def record(self, key: str, nbytes: int) -> int:
+        """Record ``key``'s pinned buffer; returns the bytes counted. Raises when over ``limit``."""
+        if key in self._entries:
+            raise HostMemoryError(f"pinned buffer {key!r} is already recorded; release it first")
+        size = self.footprint(nbytes)
+        if not self.would_fit(nbytes):
+            raise HostMemoryError(
+                f"pinning {key!r} ({format_bytes(size)}) would lock {format_bytes(self.total + size)}, "
+                f"over the limit {format_bytes(self.limit)}"
+            )
+        self._entries[key] = size
+        return size
+
+    def release(self, key: str) -> int:
+        """Forget ``key``'s buffer; returns the bytes it held (0 when unknown)."""
+        return self._entries.pop(key, 0)
+
+    def items(self) -> list[tuple[str, int]]:
+        return list(self._entries.items())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "rounding": self.rounding, "total": self.total,
+                "entries": dict(self._entries)}
+
+    def __repr__(self) -> str:
+        lim = f" of {format_bytes(self.limit)}" if self.limit is not None else ""
+        return f"PinLedger({len(self)} buffers, {format_bytes(self.total)}{lim}, {self.rounding})"
