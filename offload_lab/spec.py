@@ -406,7 +406,8 @@ def _candidate_groups(tensors: list[TensorSpec]) -> set[str]:
         if m:
             idx[m.group("group")].add(int(m.group("idx")))
     # a group nested in another group's layer (blocks.0.sub.1.w) is not a group of its own
-    cands = {g for g, s in idx.items() if len(s) >= 2}
+    # a layer group numbers its blocks 0..n-1; `text_embedding.0/.2` (a Sequential) is not one
+    cands = {g for g, s in idx.items() if len(s) >= 2 and s == set(range(len(s)))}
     return {g for g in cands if not any(g != o and g.startswith(o + ".") for o in cands)}
 
 
