@@ -43,8 +43,8 @@ __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 # Where a function shares its module's name (``plan``, ``report``), importing the submodule
 # would rebind the package attribute to the module; binding the function once, eagerly, keeps
 # ``offload_lab.plan(...)`` a call. Both modules are light (no plotly at import).
-from .plan import plan  # noqa: E402
-from .report import report  # noqa: E402
+from .plan import plan as plan  # noqa: E402
+from .report import report as report  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

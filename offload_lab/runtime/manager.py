@@ -198,6 +198,7 @@ class OffloadManager:
             "predicted_startup_peak_bytes": int(self.plan.startup_peak(self.init_strategy)),
             "net_anonymous_bytes": int(stores_anon),
             "pinned_bytes": int(pinned),
+            "pin_method": sorted({s.pin_method for s in self._stores.values() if s.pin_method}),
             "init": {"resident_bytes_copied": int(sum(
                 self._stores[k].nbytes for k in self._resident_bufs))},
             "groups": [g.name for g in self._groups],

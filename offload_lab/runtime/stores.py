@@ -11,10 +11,25 @@ import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..plan import STORE_ALIGNMENT
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
+    """``dst.copy_(src)``, but host-to-host as one plain memcpy.
+
+    On the cpu backend copies run on a copy-engine thread beside the compute thread; torch's
+    own copy of a large tensor would start an OpenMP team of its own there, competing with the
+    compute thread's team for the same cores. numpy's copy is one plain memcpy.
+    """
+    if (dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype
+            and dst.is_contiguous() and src.is_contiguous() and dst.shape == src.shape):
+        np.copyto(dst.reshape(-1).view(torch.uint8).numpy(), src.reshape(-1).view(torch.uint8).numpy())
+    else:
+        dst.copy_(src, non_blocking=non_blocking)
 
 
 @dataclass
@@ -64,6 +79,8 @@ class LayerStore:
     buffers: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # packed host stores
     pinned_bytes: int = 0  # page-locked bytes (cuda backend only), counted as really locked
     _raw: torch.Tensor | None = None  # the one registered mapping behind the pinned buffers
+    _registered: bool = True
+    pin_method: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -116,7 +133,16 @@ class LayerStore:
             for dt, n in sizes.items():
                 offsets[dt] = total
                 total = -(-(total + n * dt.itemsize) // STORE_ALIGNMENT) * STORE_ALIGNMENT
-            self._raw, self.pinned_bytes = _exact_pinned(total)
+            try:
+                self._raw, self.pinned_bytes = _exact_pinned(total)
+                self.pin_method = "exact (cudaHostRegister)"
+            except RuntimeError as e:
+                # some sandboxes refuse host registration: fall back to torch's pinned
+                # allocator and count the power-of-two block it really locks
+                self._raw = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+                self.pinned_bytes = 1 << max(total - 1, 0).bit_length()
+                self.pin_method = f"caching allocator, power-of-two rounded ({e})"
+                self._registered = False
             for dt, n in sizes.items():
                 self.buffers[dt] = self._raw[offsets[dt]:offsets[dt] + n * dt.itemsize].view(dt)
         else:
@@ -136,10 +162,10 @@ class LayerStore:
         """Host store → device buffers: one copy per dtype (per tensor for file views)."""
         if self.tier in ("mapped", "resident"):
             for s in self.slots:
-                dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape).copy_(s.orig_data, non_blocking=non_blocking)
+                _copy(dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape), s.orig_data, non_blocking)
             return
         for dt, buf in self.buffers.items():
-            dev[dt].copy_(buf, non_blocking=non_blocking)
+            _copy(dev[dt], buf, non_blocking)
 
     def bind(self, dev: dict[torch.dtype, torch.Tensor]) -> None:
         for s in self.slots:
@@ -153,7 +179,8 @@ class LayerStore:
     def restore(self) -> None:
         """Put every parameter back: same values, dtype, device and requires_grad."""
         if self._raw is not None:
-            _unpin(self._raw)
+            if self._registered:
+                _unpin(self._raw)
             self._raw, self.pinned_bytes = None, 0
         for s in self.slots:
             if s.orig_data is not None:

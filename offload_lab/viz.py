@@ -1,0 +1,670 @@
+"""Plotly figures: each a pure function of Run / Plan frames (DESIGN §2, §6).
+
+Every figure marks simulated runs as such (title, bar label and a hatched pattern), and every
+figure uses one colour per tier (:data:`TIER_COLORS`). Bars are drawn as a few traces with many
+bars each (one per tier × kind), never one trace per bar, so a 50-layer × 5-step timeline stays
+small and fast in a browser.
+
+Strings that come from users (labels, group names, reasons) are HTML-escaped before they reach a
+figure: plotly.js renders a subset of HTML in text, so ``<b>`` or ``<a href=...>`` in a label
+would otherwise be interpreted; escaped, plotly.js decodes them back and shows them as text.
+
+>>> import offload_lab
+>>> from offload_lab import viz
+>>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+>>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+>>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+>>> fig = viz.timeline(run)
+>>> "SIMULATED" in fig.layout.title.text
+True
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from . import analysis
+from .analysis import as_runs
+from .timeline import Run
+from .units import format_bytes
+
+if TYPE_CHECKING:  # plotly is imported lazily so that `import offload_lab.viz` stays cheap
+    import plotly.graph_objects as go
+
+TIER_COLORS: dict[str, str] = {
+    "resident": "#2ca02c",
+    "pinned": "#1f77b4",
+    "pageable": "#ff7f0e",
+    "mapped": "#9467bd",
+    "unknown": "#7f7f7f",
+}
+STALL_COLOR = "#d62728"
+HOST_BLOCK_COLOR = "#4d4d4d"
+MEMORY_COLORS = {"device_bytes": "#17becf", "pinned_bytes": TIER_COLORS["pinned"],
+                 "anon_bytes": TIER_COLORS["pageable"], "mapped_bytes": TIER_COLORS["mapped"]}
+SIM_PATTERN = "/"
+# runs told apart by colour where tiers are not the subject (not the tier colours, to avoid misreading)
+RUN_COLORS = ["#0e7490", "#7c3aed", "#be185d", "#4d7c0f", "#a16207", "#334155"]
+GIB = 2**30
+_FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
+
+
+class VizError(ValueError):
+    """An argument a figure cannot draw (a step that was not measured, a wrong object type)."""
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _go():
+    import plotly.graph_objects as go
+
+    return go
+
+
+def esc(s: Any) -> str:
+    """Escape a string for plotly text (``<``, ``>``, ``&``); plotly.js shows entities as text.
+
+    >>> esc("</script><b>x</b>")
+    '&lt;/script&gt;&lt;b&gt;x&lt;/b&gt;'
+    """
+    return html.escape(str(s), quote=False)
+
+
+def tier_color(tier: str) -> str:
+    """The colour of a tier in every figure (unknown tiers are grey).
+
+    >>> tier_color("pinned")
+    '#1f77b4'
+    """
+    return TIER_COLORS.get(str(tier), TIER_COLORS["unknown"])
+
+
+def run_name(run: Run, limit: int | None = None) -> str:
+    """A run's label as figures show it, with ``(simulated)`` for simulated runs (escaped).
+
+    ``limit`` shortens long labels (axis ticks) with an ellipsis; hovers show the full label.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> run_name(offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1, label="a"))
+    'a (simulated)'
+    """
+    label = run.label
+    suffix = " (simulated)" if run.simulated and "simulated" not in label.lower() else ""
+    if limit is not None and len(label) + len(suffix) > limit:
+        keep = max(4, limit - len(suffix) - 1)
+        # a simulated label keeps its "(simulated)" even when cut
+        if run.simulated and not suffix and "simulated" not in label[:keep].lower():
+            suffix = " (simulated)"
+            keep = max(4, limit - len(suffix) - 1)
+        label = label[:keep] + "…"
+    # truncate first, escape second: cutting "&lt;" in half would show a broken entity
+    return esc(label) + suffix
+
+
+def _unique(names: list[str]) -> list[str]:
+    # category axes merge equal labels, so two runs both called "pinned" must stay apart
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} #{seen[n]}")
+    return out
+
+
+def _short(label: str, limit: int = 60) -> str:
+    """Escaped label, cut to ``limit`` characters (before escaping, so no entity is split)."""
+    label = str(label)
+    return esc(label if len(label) <= limit else label[: limit - 1] + "…")
+
+
+def _pattern(shape: str | list[str], size: int = 8) -> dict:
+    # white hatching over the bar's own colour: "overlay" keeps the fill (plotly's default,
+    # "replace", would paint white lines on a white bar once no template sets it)
+    return dict(shape=shape, fillmode="overlay", fgcolor="#ffffff", size=size, solidity=0.35)
+
+
+def _sim_tag(sim: bool) -> str:
+    return ' · <span style="color:#b54708"><b>SIMULATED</b></span>' if sim else ""
+
+
+def _title(text: str, sub: str | None = None) -> dict:
+    t: dict[str, Any] = {"text": text, "x": 0.01, "xanchor": "left", "font": {"size": 15}}
+    if sub:
+        t["subtitle"] = {"text": sub, "font": {"size": 11, "color": "#555"}}
+    return t
+
+
+# a small template: plotly's own ("plotly", "plotly_white") is deep-copied into every figure and
+# costs more than drawing 1,000 bars; every figure is built in one go.Figure call for the same reason
+_TEMPLATE = {"layout": {
+    "paper_bgcolor": "white", "plot_bgcolor": "white", "font": _FONT,
+    "colorway": RUN_COLORS, "hoverlabel": {"align": "left"},
+    "xaxis": {"gridcolor": "#ebedf0", "linecolor": "#c7cbd1", "zerolinecolor": "#ebedf0", "automargin": True},
+    "yaxis": {"gridcolor": "#ebedf0", "linecolor": "#c7cbd1", "zerolinecolor": "#ebedf0", "automargin": True},
+}}
+
+
+def _figure(traces: list[dict], title: dict, height: int, xaxis: dict | None = None,
+            yaxis: dict | None = None, **layout: Any) -> go.Figure:
+    """One figure from trace dicts and layout settings, validated once."""
+    go = _go()
+    lay: dict[str, Any] = dict(
+        template=_TEMPLATE, title=title, height=height,
+        margin=dict(l=60, r=24, t=80 if "subtitle" in title else 56, b=40),
+        # legends sit under the plot: titles and subtitles keep the top, long legends wrap below
+        legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left",
+                    x=0.0, font={"size": 11}),
+        xaxis={"automargin": True, **(xaxis or {})}, yaxis={"automargin": True, **(yaxis or {})})
+    lay.update(layout)
+    return go.Figure(data=traces, layout=lay)
+
+
+def _check_run(run: Any, what: str = "run") -> Run:
+    if not isinstance(run, Run):
+        raise VizError(f"{what} {run!r:.80} of type {type(run).__name__} is not an offload_lab.Run; "
+                       f"expected the result of profile(), simulate() or Run.load()")
+    return run
+
+
+def _is_plan(obj: Any) -> bool:
+    # duck-typed so that viz never imports the planner (a Plan has a ledger and a layers frame)
+    return (not isinstance(obj, Run) and hasattr(obj, "ledger") and hasattr(obj, "layers")
+            and isinstance(obj.layers, pd.DataFrame))
+
+
+def _gbps(nbytes: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(dur > 0, nbytes / np.where(dur > 0, dur, 1.0) / 1e9, np.nan)
+
+
+def fmt_seconds(x: float | None) -> str:
+    """Seconds in a readable unit, three significant digits.
+
+    >>> fmt_seconds(1.034), fmt_seconds(0.9999), fmt_seconds(0.0123), fmt_seconds(3.5e-5), fmt_seconds(0)
+    ('1.03 s', '1 s', '12.3 ms', '35 µs', '0 s')
+    """
+    if x is None or not math.isfinite(x):
+        return "–"
+    if x == 0:
+        return "0 s"
+    a = abs(x)
+    # compare after rounding to 3 digits, so 0.9999 s prints as "1 s", not "1e+03 ms"
+    if float(f"{a:.3g}") >= 1:
+        return f"{x:.3g} s"
+    if float(f"{a * 1e3:.3g}") >= 1:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x * 1e6:.3g} µs"
+
+
+def fmt_ratio(q: float) -> str:
+    """``×1.84`` — two decimals below 10, three significant digits above.
+
+    >>> fmt_ratio(1.0), fmt_ratio(1.8449), fmt_ratio(468.2)
+    ('×1.00', '×1.84', '×468')
+    """
+    if q is None or not math.isfinite(q):
+        return "–"
+    return f"×{q:.2f}" if abs(q) < 10 else f"×{q:.3g}"
+
+
+def _byte_unit(largest: float) -> tuple[float, str]:
+    """Divisor and unit name so that the largest value reads as a plain number."""
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if largest >= div:
+            return float(div), unit
+    return 1.0, "bytes"
+
+
+def _empty(title: dict, message: str, height: int = 240) -> go.Figure:
+    """A figure that says why there is nothing to draw (never a silent blank)."""
+    note = dict(text=esc(message), showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                font={"size": 13, "color": "#666"})
+    return _figure([], title, height, xaxis={"visible": False}, yaxis={"visible": False},
+                   annotations=[note])
+
+
+# -- timeline ---------------------------------------------------------------------------------
+def _lanes(ev: pd.DataFrame) -> tuple[pd.Series, list[str]]:
+    """Lane name per event and the lane order (top to bottom): compute, copy (per group), host."""
+    comp = ev[ev["kind"] == "compute"]
+    groups = list(dict.fromkeys(comp.sort_values("start_s")["group"].astype(str)))
+    groups += [g for g in dict.fromkeys(ev["group"].astype(str)) if g not in groups]
+    multi = len(groups) > 1
+    stream = ev["stream"].astype(str)
+    group = ev["group"].astype(str).map(esc)
+    lane = stream.where(~stream.isin(["compute", "copy"]) | (not multi), stream + " · " + group)
+    order = []
+    for s in ("compute", "copy"):
+        order += [f"{s} · {esc(g)}" for g in groups] if multi else [s]
+    order.append("host")
+    present = set(lane)
+    order = [n for n in order if n in present] + sorted(present - set(order))
+    return lane, order
+
+
+def _step_ranges(ev: pd.DataFrame) -> dict[int, tuple[float, float]]:
+    """Each step's window: from its first interval (the prefetched copy that feeds it, which
+    may start in the previous step) to its last compute-stream interval."""
+    comp = ev[ev["stream"] == "compute"]
+    ends = (comp if len(comp) else ev).groupby("step")["end_s"].max()
+    starts = ev.groupby("step")["start_s"].min()
+    return {int(k): (float(starts[k]), float(ends[k])) for k in ends.index}
+
+
+def timeline(run: Run, step: int | None = None) -> go.Figure:
+    """Per-layer intervals on one lane per stream (and per group where there are several).
+
+    Copy and compute bars are coloured by tier; stalls (``wait``) are red, host-blocked intervals
+    (pageable/mapped staging) dark and hatched. Hover shows group, layer, tier, bytes, duration and
+    GB/s. With several steps a dropdown zooms to one step (or all); ``step=`` draws only that step.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="256GiB"))
+    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> sorted({t.name for t in timeline(run).data})[:2]
+    ['compute · pageable', 'copy · pageable']
+    """
+    run = _check_run(run)
+    ev = run.events
+    steps_measured = [int(s) for s in run.steps["step"]] if len(run.steps) else sorted(set(ev["step"]))
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in steps_measured:
+            raise VizError(f"step {step!r} was not measured in run {run.label!r}; "
+                           f"accepted: one of {steps_measured} or None for all steps")
+        ev = ev[ev["step"] == int(step)]
+    where = esc(run.meta.get("device_name") or run.backend)
+    sub = (f"{esc(analysis.tier_summary(run.layers))} · median step {fmt_seconds(run.step_time)} · "
+           f"{len(steps_measured)} step(s) · {where} ({esc(run.backend)})")
+    title = _title(f"Timeline · {_short(run.label)}{_sim_tag(run.simulated)}", sub)
+    if not len(ev):
+        return _empty(title, f"run {run.label!r} recorded no events", 220)
+
+    ev = ev.reset_index(drop=True)
+    lane, order = _lanes(ev)
+    lane = lane.to_numpy(dtype=object)
+    start = ev["start_s"].to_numpy(dtype="float64")
+    dur = ev["dur_s"].to_numpy(dtype="float64")
+    nbytes = ev["bytes"].to_numpy(dtype="float64")
+    gb = _gbps(nbytes, dur)
+    tiers = ev["tier"].astype("string").fillna("unknown").astype(str)
+    custom = np.column_stack([
+        ev["group"].astype(str).map(esc).to_numpy(),
+        ev["layer"].to_numpy(),
+        tiers.to_numpy(),
+        [format_bytes(b) if b > 0 else "-" for b in nbytes],
+        [fmt_seconds(d) for d in dur],
+        [f"{g:.1f} GB/s" if math.isfinite(g) else "-" for g in gb],
+        ev["step"].to_numpy(),
+    ]).astype(object)
+    hover = ("<b>%{customdata[0]}.%{customdata[1]}</b> · %{customdata[2]} · step %{customdata[6]}"
+             "<br>%{customdata[4]}, %{customdata[3]}, %{customdata[5]}<extra>%{fullData.name}</extra>")
+    kind = ev["kind"].astype(str)
+    traces: list[dict] = []
+
+    def add(mask: np.ndarray, name: str, color: str, legendgroup: str, **marker: Any) -> None:
+        idx = np.flatnonzero(mask)
+        if len(idx):
+            # one horizontal bar per interval: base = start, length = duration (µs-rounded
+            # seconds keep the JSON short without moving a bar by a visible amount)
+            traces.append(dict(
+                type="bar", orientation="h", y=lane[idx], x=np.round(dur[idx], 9),
+                base=np.round(start[idx], 9), customdata=custom[idx], hovertemplate=hover, name=name,
+                legendgroup=legendgroup, width=0.72,
+                marker=dict(color=color, line=dict(width=0), **marker)))
+
+    present = set(tiers)
+    for k in ("compute", "copy"):
+        for tier in [t for t in TIER_COLORS if t in present] + sorted(present - set(TIER_COLORS)):
+            extra = {"opacity": 0.55} if k == "compute" else {}
+            add(((kind == k) & (tiers == tier)).to_numpy(), f"{k} · {esc(tier)}", tier_color(tier), tier, **extra)
+    add((kind == "wait").to_numpy(), "stall (waiting for weights)", STALL_COLOR, "wait")
+    add((kind == "host_block").to_numpy(), "host blocked (staging copy)", HOST_BLOCK_COLOR, "host_block",
+        pattern=_pattern("/", size=6))
+
+    ranges = _step_ranges(ev)
+    t0, t1 = float(start.min()), float(ev["end_s"].max())
+
+    def _rng(a: float, b: float) -> list[float]:
+        pad = max((b - a) * 0.02, 1e-9)
+        return [a - pad, b + pad]
+
+    xrange, shapes, menus = _rng(t0, t1), [], []
+    if step is None and len(ranges) > 1:
+        # the selector zooms (relayout of the x range): the data is in the figure once
+        shapes = [dict(type="line", x0=a, x1=a, yref="paper", y0=0, y1=1,
+                       line=dict(color="#999", width=1, dash="dot")) for a, _b in ranges.values()]
+        xrange = _rng(*ranges[min(ranges)])
+        buttons = [dict(label=f"step {s}", method="relayout", args=[{"xaxis.range": _rng(*r)}])
+                   for s, r in sorted(ranges.items())]
+        buttons.append(dict(label="all steps", method="relayout", args=[{"xaxis.range": _rng(t0, t1)}]))
+        menus = [dict(type="dropdown", buttons=buttons, active=0, direction="down", showactive=True,
+                      x=1.0, xanchor="right", y=1.0, yanchor="bottom", pad={"t": 0, "b": 6},
+                      font={"size": 11})]
+    return _figure(
+        traces, title, int(min(170 + 44 * len(order), 480)),
+        xaxis=dict(title_text="time (s from run start)", range=xrange, zeroline=False),
+        yaxis=dict(type="category", categoryorder="array", categoryarray=order[::-1], showgrid=False),
+        barmode="overlay", bargap=0.2, shapes=shapes, updatemenus=menus)
+
+
+# -- tier map ---------------------------------------------------------------------------------
+def tier_map(plan_or_run: Any) -> go.Figure:
+    """Per layer: tier colour, bytes (bar height), pin rank (bar text), the plan's reason on hover.
+
+    Accepts a Plan (with reasons) or a Run (its ``layers`` frame; reasons come only from a plan).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, pin_budget="8GiB", host=offload_lab.HostMemory(available="64GiB"))
+    >>> sorted(t.name for t in tier_map(plan).data)
+    ['pageable', 'pinned']
+    """
+    if isinstance(plan_or_run, Run):
+        layers, sim = plan_or_run.layers, plan_or_run.simulated
+        group_order = _group_order(plan_or_run)
+        name = _short(plan_or_run.label, 48)
+        sub = f"{esc(analysis.tier_summary(layers))} · run on {esc(plan_or_run.backend)}"
+    elif _is_plan(plan_or_run):
+        layers, sim = plan_or_run.layers, False
+        spec = getattr(plan_or_run, "spec", None)
+        group_order = list(getattr(spec, "group_names", None) or [])
+        name = "plan of " + _short(getattr(spec, "name", "a model"), 40)
+        led = getattr(plan_or_run, "ledger", {}) or {}
+        sub = (f"{esc(analysis.tier_summary(layers))} · pinned {format_bytes(led.get('pinned_bytes'))} "
+               f"of budget {format_bytes(led.get('budget'))}")
+    else:
+        raise VizError(f"tier_map() got {type(plan_or_run).__name__} {plan_or_run!r:.80}; "
+                       f"expected an offload_lab.Plan or an offload_lab.Run")
+    title = _title(f"Tier map · {name}{_sim_tag(sim)}", sub)
+    if not len(layers):
+        return _empty(title, "no layers")
+    lay = _ordered_layers(layers, group_order)
+    groups = list(dict.fromkeys(lay["group"].astype(str)))
+    multi = len(groups) > 1
+    tiers = lay["tier"].astype("string").fillna("unknown").astype(str)
+    rank = lay["pin_rank"] if "pin_rank" in lay else pd.Series([pd.NA] * len(lay))
+    rank_s = [("" if pd.isna(r) else str(int(r))) for r in rank]
+    reason = (lay["reason"].astype("string").fillna("").map(esc) if "reason" in lay
+              else pd.Series(["(reasons are in the plan)"] * len(lay)))
+    streamed = lay["streamed"].astype("boolean").fillna(False) if "streamed" in lay else tiers != "resident"
+    custom = np.column_stack([
+        lay["group"].astype(str).map(esc), lay["layer"], tiers,
+        [format_bytes(b) for b in lay["bytes"]], [r or "-" for r in rank_s],
+        np.where(streamed, "streamed", "kept on device"), reason,
+    ]).astype(object)
+    hover = ("<b>%{customdata[0]}.%{customdata[1]}</b> · %{customdata[2]} (%{customdata[5]})"
+             "<br>%{customdata[3]} · pin rank %{customdata[4]}<br>%{customdata[6]}<extra></extra>")
+    # one x position per layer in execution order; groups are labelled spans, so several groups
+    # never interleave (a category axis shared by per-tier traces would reorder them)
+    pos = np.arange(len(lay))
+    div, unit = _byte_unit(float(lay["bytes"].max()))
+    size = lay["bytes"].to_numpy(dtype="float64") / div
+    traces = []
+    for tier in [t for t in TIER_COLORS if t in set(tiers)] + sorted(set(tiers) - set(TIER_COLORS)):
+        idx = np.flatnonzero((tiers == tier).to_numpy())
+        traces.append(dict(
+            type="bar", x=pos[idx], y=size[idx], name=esc(tier),
+            marker=dict(color=tier_color(tier), line=dict(width=0)),
+            text=[rank_s[i] for i in idx], textposition="inside", insidetextanchor="end",
+            textfont=dict(color="white", size=10), customdata=custom[idx], hovertemplate=hover))
+    step = max(1, int(math.ceil(len(lay) / 30)))
+    ticks = pos[::step]
+    shapes, notes = [], []
+    if multi:
+        g = lay["group"].astype(str).to_numpy()
+        for name in groups:
+            where = np.flatnonzero(g == name)
+            lo, hi = int(where.min()), int(where.max())
+            # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
+            # label stays inside the plot instead of spilling past the y axis
+            first = lo == 0
+            notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
+                              y=1.0, xref="x", yref="paper", yanchor="bottom",
+                              text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
+            if lo > 0:
+                shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
+                                   line=dict(color="#666", width=1, dash="dash")))
+    return _figure(
+        traces, title, 320,
+        xaxis=dict(tickvals=ticks, ticktext=[str(v) for v in lay["layer"].to_numpy()[::step]],
+                   range=[-0.6, len(lay) - 0.4], showgrid=False,
+                   title_text=("layer index per group" if multi else f"{esc(groups[0])} layer index")
+                   + " · bar text = pin rank"),
+        yaxis=dict(title_text=f"{unit} per layer", rangemode="tozero"),
+        barmode="overlay", bargap=0.15, shapes=shapes, annotations=notes,
+        uniformtext=dict(minsize=8, mode="hide"))
+
+
+def _group_order(run: Run) -> list[str]:
+    """Groups in execution order: the order their first compute happened (declared order)."""
+    comp = run.events[run.events["kind"] == "compute"]
+    if not len(comp):
+        return []
+    first = comp.groupby("group", observed=True)["start_s"].min().sort_values()
+    return [str(g) for g in first.index]
+
+
+def _ordered_layers(layers: pd.DataFrame, group_order: list[str]) -> pd.DataFrame:
+    lay = layers.reset_index(drop=True)
+    seen = list(dict.fromkeys(lay["group"].astype(str)))
+    order = [g for g in group_order if g in seen] + [g for g in seen if g not in group_order]
+    rank = {g: i for i, g in enumerate(order)}
+    key = lay["group"].astype(str).map(rank)
+    return lay.assign(_g=key).sort_values(["_g", "layer"], kind="stable").drop(columns="_g").reset_index(drop=True)
+
+
+# -- memory -----------------------------------------------------------------------------------
+def memory(run: Run) -> go.Figure:
+    """Device, pinned, anonymous and mapped bytes over the run (GiB, step-wise lines).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> fig = memory(offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1))
+    >>> "SIMULATED" in fig.layout.title.text
+    True
+    """
+    run = _check_run(run)
+    mem = run.memory.sort_values("t_s")
+    title = _title(f"Memory · {_short(run.label, 48)}{_sim_tag(run.simulated)}",
+                   f"{len(mem)} samples · {esc(run.backend)}")
+    if not len(mem):
+        return _empty(title, f"run {run.label!r} recorded no memory samples", 220)
+    names = {"device_bytes": "device", "pinned_bytes": "pinned host",
+             "anon_bytes": "anonymous host", "mapped_bytes": "mapped (file pages)"}
+    t = mem["t_s"].to_numpy(dtype="float64")
+    div, unit = _byte_unit(float(mem[list(names)].to_numpy().max()))
+    traces = [dict(
+        type="scatter", x=np.round(t, 9), y=np.round(mem[col].to_numpy(dtype="float64") / div, 6),
+        name=label, mode="lines", line_shape="hv", line=dict(color=MEMORY_COLORS[col], width=2),
+        hovertemplate=f"{label}: %{{y:.4g}} {unit} at %{{x:.4g}} s<extra></extra>")
+        for col, label in names.items()]
+    return _figure(traces, title, 300, xaxis=dict(title_text="time (s from run start)"),
+                   yaxis=dict(title_text=unit, rangemode="tozero"))
+
+
+# -- comparisons across runs ------------------------------------------------------------------
+def step_times(runs: Run | Sequence[Run]) -> go.Figure:
+    """Median step time per run, annotated with the ratio to the first run.
+
+    Bars take the colour of the run's main streamed tier; simulated runs are hatched and labelled
+    ``(simulated)``; whiskers span the fastest and slowest measured step.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> host, prof = offload_lab.HostMemory(available="256GiB"), offload_lab.DeviceProfile.load("h200")
+    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
+    ...         for t in ("pinned", "pageable")]
+    >>> list(step_times(runs).data[0].y)
+    ['pinned (simulated)', 'pageable (simulated)']
+    """
+    runs = as_runs(runs)
+    cmp = analysis.compare(runs)
+    # horizontal bars: long run labels read left of the bars instead of as rotated ticks
+    names = _unique([run_name(r, limit=42) for r in runs])
+    full = [run_name(r) for r in runs]
+    st = cmp["step_s"].to_numpy(dtype="float64")
+    lo = np.array([float(r.steps["wall_s"].min()) if len(r.steps) else np.nan for r in runs])
+    hi = np.array([float(r.steps["wall_s"].max()) if len(r.steps) else np.nan for r in runs])
+    text = [f"{fmt_seconds(s)} · {fmt_ratio(q)}" if math.isfinite(q) else fmt_seconds(s)
+            for s, q in zip(st, cmp["ratio"])]
+    colors = [tier_color(analysis.dominant_tier(r.layers)) for r in runs]
+    patterns = [SIM_PATTERN if r.simulated else "" for r in runs]
+    custom = np.column_stack([full, cmp["tiers"].map(esc), cmp["backend"].map(esc),
+                              [fmt_ratio(q) for q in cmp["ratio"]],
+                              ["simulated" if s else "measured" for s in cmp["simulated"]]]).astype(object)
+    bar = dict(
+        type="bar", orientation="h", y=names, x=st, text=text, textposition="outside", cliponaxis=False,
+        marker=dict(color=colors, pattern=_pattern(patterns),
+                    line=dict(width=0)),
+        error_x=dict(type="data", symmetric=False, array=np.nan_to_num(hi - st),
+                     arrayminus=np.nan_to_num(st - lo), color="#666", thickness=1, width=3),
+        customdata=custom, name="median step",
+        hovertemplate=("<b>%{customdata[0]}</b><br>%{x:.4g} s per step (%{customdata[3]} of the first)"
+                       "<br>%{customdata[1]}<br>%{customdata[2]} · %{customdata[4]}<extra></extra>"))
+    sims = sum(r.simulated for r in runs)
+    note = f"hatched = simulated ({sims} of {len(runs)})" if sims else "all measured"
+    xaxis: dict[str, Any] = dict(title_text="seconds per step", rangemode="tozero")
+    if np.isfinite(st).any():
+        # room on the right for the "1.03 s · ×1.00" labels
+        xaxis["range"] = [0, float(np.nanmax(np.concatenate([st, hi]))) * 1.35]
+    return _figure(
+        [bar], _title(f"Step time · ratio to {_short(runs[0].label, 40)}",
+                      f"median per step, whiskers = fastest..slowest step · {note}"),
+        130 + 40 * len(runs), xaxis=xaxis,
+        yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
+        showlegend=False, bargap=0.3)
+
+
+def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
+    """Effective copy bandwidth per tier (Σ bytes / Σ copy time of the copy rows), per run.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> fig = bandwidth([offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
+    >>> [t.name for t in fig.data]
+    ['pinned']
+    """
+    runs = as_runs(runs)
+    names = _unique([run_name(r, limit=42) for r in runs])
+    per = []
+    for name, r in zip(names, runs):
+        bw = analysis.bandwidth_by_tier(r)
+        bw["run"] = name
+        bw["full"] = run_name(r)
+        bw["simulated"] = r.simulated
+        per.append(bw)
+    df = pd.concat(per, ignore_index=True)
+    sims = sum(r.simulated for r in runs)
+    title = _title("Copy bandwidth per tier",
+                   "effective GB/s = bytes / copy time (1 GB = 1e9 B)"
+                   + (f" · hatched = simulated ({sims} of {len(runs)})" if sims else ""))
+    if not len(df):
+        return _empty(title, "no timed copies in these runs (everything resident?)", 260)
+    present = set(df["tier"].astype(str))
+    tiers = [t for t in TIER_COLORS if t in present] + sorted(present - set(TIER_COLORS))
+    traces = []
+    for tier in tiers:
+        d = df[df["tier"] == tier]
+        traces.append(dict(
+            type="bar", orientation="h", y=list(d["run"]), x=d["gbps"].round(4), name=esc(tier),
+            text=[f"{g:.3g}" for g in d["gbps"]], textposition="outside", cliponaxis=False,
+            marker=dict(color=tier_color(tier), line=dict(width=0),
+                        pattern=_pattern([SIM_PATTERN if s else "" for s in d["simulated"]])),
+            customdata=np.column_stack([d["full"], d["copies"], [format_bytes(b) for b in d["bytes"]],
+                                        [fmt_seconds(s) for s in d["copy_s"]]]).astype(object),
+            hovertemplate=(f"<b>%{{customdata[0]}}</b> · {esc(tier)}<br>%{{x:.3g}} GB/s<br>"
+                           "%{customdata[1]} copies, %{customdata[2]} in %{customdata[3]}<extra></extra>")))
+    xaxis: dict[str, Any] = dict(title_text="GB/s", rangemode="tozero")
+    if df["gbps"].notna().any():
+        xaxis["range"] = [0, float(df["gbps"].max()) * 1.2]
+    return _figure(
+        traces, title, 150 + len(runs) * (14 * len(tiers) + 22), xaxis=xaxis,
+        # every run keeps its row, even one without copies
+        yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
+        barmode="group", bargap=0.25)
+
+
+def startup_peaks(plan_or_runs: Any) -> go.Figure:
+    """Startup device peak per init strategy: the plan's predictions and/or runs' measurements.
+
+    Accepts a Plan, a Run, or a list mixing both. Plans give ``startup_peak("grouped")`` and
+    ``startup_peak("naive")``; runs give ``meta["startup_peak_bytes"]`` for their
+    ``meta["init_strategy"]``.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("minimax-h3")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> [t.name for t in startup_peaks(plan).data]
+    ['predicted · plan of minimax-h3']
+    """
+    items = [plan_or_runs] if (isinstance(plan_or_runs, Run) or _is_plan(plan_or_runs)) else plan_or_runs
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise VizError(f"startup_peaks() got {type(plan_or_runs).__name__} {plan_or_runs!r:.80}; "
+                       f"expected a Plan, a Run, or a list of them")
+    items = list(items)
+    strategies = ["grouped", "naive"]
+    predicted: list[tuple[str, list[float]]] = []       # (series name, bytes per strategy)
+    measured: list[tuple[str, str, float, bool, Any]] = []  # (strategy, run name, bytes, sim, predicted)
+    for i, it in enumerate(items):
+        if _is_plan(it):
+            ys = []
+            for s in strategies:
+                try:
+                    ys.append(float(it.startup_peak(s)))
+                except (AttributeError, ValueError, TypeError):
+                    ys.append(float("nan"))
+            spec = getattr(it, "spec", None)
+            predicted.append((f"predicted · plan of {_short(getattr(spec, 'name', f'plan {i}'), 30)}", ys))
+        elif isinstance(it, Run):
+            peak, strat = it.meta.get("startup_peak_bytes"), it.meta.get("init_strategy")
+            if peak is None or strat is None:
+                continue
+            measured.append((str(strat), run_name(it, limit=40), float(peak), it.simulated,
+                             it.meta.get("predicted_startup_peak_bytes")))
+        else:
+            raise VizError(f"startup_peaks() item {i} is {type(it).__name__} {it!r:.80}; "
+                           f"expected an offload_lab.Plan or an offload_lab.Run")
+    for s in sorted({m[0] for m in measured} - set(strategies)):
+        strategies.append(s)
+    title = _title("Startup device peak per init strategy",
+                   "grouped: every group's layers to host stores first, then the rest to the device once"
+                   + (" · hatched = simulated" if any(m[3] for m in measured) else ""))
+    if not predicted and not measured:
+        return _empty(title, "no startup peaks: pass a Plan or runs whose meta has startup_peak_bytes", 260)
+    values = [v for _, ys in predicted for v in ys if math.isfinite(v)] + [m[2] for m in measured]
+    div, unit = _byte_unit(max(values) if values else 0.0)
+    traces = []
+    for name, ys in predicted:
+        traces.append(dict(
+            type="bar", x=strategies[:len(ys)], y=[y / div for y in ys], name=name,
+            marker=dict(color="#a3a3a3", line=dict(width=0)),
+            text=[format_bytes(y) if math.isfinite(y) else "" for y in ys], textposition="outside",
+            cliponaxis=False, hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} predicted<extra>{name}</extra>"))
+    for k, (strat, name, peak, sim, pred) in enumerate(measured):
+        # one trace per run: runs measured with the same strategy sit side by side
+        note = f" (planner predicted {format_bytes(pred)})" if isinstance(pred, (int, float)) else ""
+        traces.append(dict(
+            type="bar", x=[strat], y=[peak / div], name=f"measured · {name}",
+            marker=dict(color=RUN_COLORS[k % len(RUN_COLORS)], line=dict(width=0),
+                        pattern=_pattern(SIM_PATTERN if sim else "")),
+            text=[format_bytes(peak)], textposition="outside", cliponaxis=False,
+            hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} measured by {name}{note}<extra></extra>"))
+    top = max(values) / div if values else 1.0
+    return _figure(traces, title, 320,
+                   xaxis=dict(type="category", categoryorder="array", categoryarray=strategies),
+                   yaxis=dict(title_text=f"{unit} on the device at startup", range=[0, top * 1.2]),
+                   barmode="group", showlegend=True)
+
+
+__all__ = ["TIER_COLORS", "VizError", "bandwidth", "esc", "memory", "run_name", "startup_peaks",
+           "step_times", "tier_color", "tier_map", "timeline"]

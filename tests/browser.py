@@ -1,0 +1,139 @@
+"""Open an HTML file in headless Chromium (the Debian one, never a downloaded browser), offline.
+
+Used by the report tests; also runnable by hand::
+
+    .venv/bin/python tests/browser.py offload-report.html artifacts/report.png
+
+>>> page = open_html("offload-report.html", screenshot="artifacts/report.png")  # doctest: +SKIP
+>>> page.console_errors, page.figures == page.rendered  # doctest: +SKIP
+([], True)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = os.environ.get("OFFLOAD_LAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+# the report writes one .plotly-graph-div per figure; plotly.js adds .js-plotly-plot and an SVG
+_ALL_DRAWN = ("() => document.readyState === 'complete' && [...document.querySelectorAll('.plotly-graph-div')]"
+              ".every(d => d.classList.contains('js-plotly-plot') && d.querySelector('.main-svg'))")
+_FIGURES = "document.querySelectorAll('.plotly-graph-div').length"
+_RENDERED = ("[...document.querySelectorAll('.plotly-graph-div.js-plotly-plot')]"
+             ".filter(d => d.querySelector('.main-svg')).length")
+
+
+@dataclass
+class PageResult:
+    """What a page did when loaded: errors, figures found and rendered, requests refused, probes."""
+
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    blocked_requests: list[str] = field(default_factory=list)
+    figures: int = 0          # figure divs (.plotly-graph-div), in the page and its frames
+    rendered: int = 0         # of those, how many plotly.js drew (.js-plotly-plot with a .main-svg)
+    probes: dict[str, Any] = field(default_factory=dict)
+
+
+def chromium_available() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    if not Path(CHROMIUM).exists():
+        return f"no Chromium at {CHROMIUM} (install Debian's chromium; set OFFLOAD_LAB_CHROMIUM)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the python package playwright is not installed (pip install playwright; no browser download)"
+    return None
+
+
+@dataclass
+class Visit:
+    """One page to open: its path, where to save a full-page screenshot, JavaScript probes."""
+
+    path: str | os.PathLike
+    screenshot: str | os.PathLike | None = None
+    probes: dict[str, str] = field(default_factory=dict)
+
+
+def open_html(path: str | os.PathLike, screenshot: str | os.PathLike | None = None,
+              probes: dict[str, str] | None = None, **kw: Any) -> PageResult:
+    """Load ``path`` from a ``file://`` URL with networking off; report errors and plotly figures.
+
+    ``probes`` maps a name to a JavaScript expression evaluated after load (its value is returned
+    in ``PageResult.probes``). Any request that is not ``file:``/``data:``/``about:``/``blob:`` is
+    aborted and listed in ``blocked_requests``; the context is also ``offline``.
+    """
+    return open_pages([Visit(path, screenshot, probes or {})], **kw)[0]
+
+
+def open_pages(visits: list[Visit], width: int = 1280, height: int = 900,
+               timeout_ms: int = 30_000) -> list[PageResult]:
+    """:func:`open_html` for several pages in one browser (a Chromium start costs seconds)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+
+    results = []
+    profile = tempfile.mkdtemp(prefix="offload-lab-chromium-")
+    try:
+        with sync_playwright() as pw:
+            ctx = pw.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                offline=True, viewport={"width": width, "height": height})
+            try:
+                for visit in visits:
+                    res = PageResult()
+                    results.append(res)
+
+                    def route(r, res=res):
+                        if r.request.url.split(":", 1)[0] in ("file", "data", "about", "blob"):
+                            r.continue_()
+                        else:
+                            res.blocked_requests.append(r.request.url)
+                            r.abort()
+
+                    def on_dialog(d, res=res):
+                        res.dialogs.append(f"{d.type}: {d.message}")
+                        d.dismiss()
+
+                    page = ctx.new_page()
+                    page.route("**/*", route)
+                    page.on("console", lambda m, res=res: res.console_errors.append(m.text)
+                            if m.type == "error" else None)
+                    page.on("pageerror", lambda e, res=res: res.page_errors.append(str(e)))
+                    page.on("dialog", on_dialog)
+                    page.goto(Path(visit.path).resolve().as_uri(), wait_until="load", timeout=timeout_ms)
+                    # plotly draws asynchronously after newPlot: wait until every figure has its
+                    # SVG, in the page and in any iframe (a notebook's _repr_html_ is an iframe)
+                    for frame in page.frames:
+                        try:
+                            frame.wait_for_function(_ALL_DRAWN, timeout=timeout_ms)
+                        except PlaywrightTimeout:
+                            pass  # counted below: figures > rendered says which did not draw
+                        res.figures += frame.evaluate(_FIGURES)
+                        res.rendered += frame.evaluate(_RENDERED)
+                    for name, expr in visit.probes.items():
+                        res.probes[name] = page.evaluate(expr)
+                    if visit.screenshot is not None:
+                        Path(visit.screenshot).parent.mkdir(parents=True, exist_ok=True)
+                        page.screenshot(path=str(visit.screenshot), full_page=True)
+                    page.close()
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    return results
+
+
+if __name__ == "__main__":
+    r = open_html(sys.argv[1], screenshot=sys.argv[2] if len(sys.argv) > 2 else None)
+    print(r)

@@ -1,0 +1,247 @@
+"""viz: figures built from real frames carry the traces, lanes and labels they must."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import offload_lab
+from offload_lab import catalog, synthetic, viz
+from offload_lab.timeline import Run
+from offload_lab.viz import TIER_COLORS, VizError
+
+HOST = offload_lab.HostMemory(available="256GiB")
+XSS = "</script><script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[Run]:
+    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=3)
+    inputs = synthetic.example_inputs(model, tokens=32)
+    spec = offload_lab.spec_of(model)
+    runs = []
+    for tier, label in (("pinned", "pinned"), ("pageable", XSS)):
+        plan = offload_lab.plan(spec, tier=tier, host=HOST)
+        runs.append(offload_lab.profile(model, lambda: model(**inputs), plan, steps=2, warmup=1,
+                                        backend="cpu", label=label))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def h3_plan():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return offload_lab.plan(catalog.load("minimax-h3"), pin_budget="24GiB",
+                                host=offload_lab.HostMemory(available="96GiB"))
+
+
+@pytest.fixture(scope="module")
+def h3_sim(h3_plan) -> Run:
+    """Two groups (token_refiner.blocks + 50 blocks), pinned and pageable layers, 5 steps."""
+    return offload_lab.simulate(catalog.load("minimax-h3"), h3_plan, "h200", steps=5)
+
+
+def _bars(fig) -> int:
+    return sum(len(t.x) for t in fig.data if t.type == "bar")
+
+
+def test_timeline_lanes_and_traces_single_group(measured):
+    pinned, pageable = measured
+    fig = viz.timeline(pinned)
+    names = {t.name for t in fig.data}
+    assert {"compute · pinned", "copy · pinned"} <= names
+    assert {y for t in fig.data for y in t.y} <= {"compute", "copy"}
+    fig = viz.timeline(pageable)
+    names = {t.name for t in fig.data}
+    assert {"compute · pageable", "copy · pageable", "host blocked (staging copy)"} <= names
+    lanes = {y for t in fig.data for y in t.y}
+    assert lanes == {"compute", "copy", "host"}
+    host = next(t for t in fig.data if t.name.startswith("host blocked"))
+    assert set(host.y) == {"host"}
+    # bars are coloured by tier, consistently across figures
+    for t in fig.data:
+        if t.name.endswith("· pageable"):
+            assert t.marker.color == TIER_COLORS["pageable"]
+    # every event is drawn, and as few traces as there are tier × kind pairs
+    assert _bars(fig) == len(pageable.events)
+    assert len(fig.data) <= 2 * len(TIER_COLORS) + 2
+
+
+def test_timeline_two_groups_many_layers(h3_sim):
+    fig = viz.timeline(h3_sim)
+    lanes = [y for y in fig.layout.yaxis.categoryarray][::-1]
+    assert lanes == ["compute · token_refiner.blocks", "compute · blocks",
+                     "copy · token_refiner.blocks", "copy · blocks", "host"]
+    names = {t.name for t in fig.data}
+    assert {"copy · pinned", "copy · pageable", "compute · pinned", "compute · pageable",
+            "host blocked (staging copy)"} <= names
+    assert _bars(fig) == len(h3_sim.events) > 52 * 5
+    assert len(fig.data) <= 10
+    # the step selector: one button per step plus "all steps", opening on the first step
+    (menu,) = fig.layout.updatemenus
+    labels = [b.label for b in menu.buttons]
+    assert labels == [f"step {s}" for s in h3_sim.steps["step"]] + ["all steps"]
+    assert list(fig.layout.xaxis.range) == list(menu.buttons[0].args[0]["xaxis.range"])
+    assert "SIMULATED" in fig.layout.title.text
+    # readable and small: a fixed height and compact JSON even for 52 layers × 5 steps
+    assert fig.layout.height <= 480
+    assert len(fig.to_json()) < 600_000
+
+
+def test_timeline_hover_has_group_layer_tier_bytes_duration_gbps(h3_sim):
+    fig = viz.timeline(h3_sim)
+    copy = next(t for t in fig.data if t.name == "copy · pinned")
+    for part in ("customdata[0]", "customdata[1]", "customdata[2]", "customdata[3]",
+                 "customdata[4]", "customdata[5]"):
+        assert part in copy.hovertemplate
+    row = copy.customdata[0]
+    assert row[0] in ("blocks", "token_refiner.blocks")
+    assert row[2] == "pinned"
+    assert row[3].endswith("iB") and row[5].endswith("GB/s")
+
+
+def test_timeline_marks_stalls(measured, h3_sim):
+    for run in measured + [h3_sim]:
+        fig = viz.timeline(run)
+        waits = run.events[run.events["kind"] == "wait"]
+        stall = [t for t in fig.data if t.name.startswith("stall")]
+        assert len(stall) == (1 if len(waits) else 0)
+        if len(waits):
+            assert stall[0].marker.color == viz.STALL_COLOR
+            assert len(stall[0].x) == len(waits)
+
+
+def test_timeline_one_step(h3_sim):
+    step = int(h3_sim.steps["step"].iloc[2])
+    fig = viz.timeline(h3_sim, step=step)
+    assert not fig.layout.updatemenus
+    assert _bars(fig) == int((h3_sim.events["step"] == step).sum())
+    with pytest.raises(VizError, match=r"step 99 was not measured .* accepted: one of \[0, 1, 2, 3, 4\]"):
+        viz.timeline(h3_sim, step=99)
+    with pytest.raises(VizError, match="not an offload_lab.Run"):
+        viz.timeline("run.zip")
+
+
+def test_measured_figures_do_not_say_simulated(measured):
+    fig = viz.timeline(measured[0])
+    assert "SIMULATED" not in fig.layout.title.text
+    assert "SIMULATED" not in viz.memory(measured[0]).layout.title.text
+
+
+def test_tier_map_from_plan_has_reasons_and_pin_ranks(h3_plan):
+    fig = viz.tier_map(h3_plan)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == set(h3_plan.layers["tier"])
+    assert sum(len(t.y) for t in fig.data) == len(h3_plan.layers)
+    pinned = by_name["pinned"]
+    assert pinned.marker.color == TIER_COLORS["pinned"]
+    ranks = sorted(int(x) for x in pinned.text)
+    assert ranks == sorted(h3_plan.layers["pin_rank"].dropna().astype(int))
+    reasons = {row[6] for t in fig.data for row in t.customdata}
+    assert reasons == set(h3_plan.layers["reason"].map(viz.esc))
+    # two groups, in declared order, as labelled spans of one axis
+    assert [a.text for a in fig.layout.annotations] == ["<b>token_refiner.blocks</b>", "<b>blocks</b>"]
+    xs = sorted(x for t in fig.data for x in t.x)
+    assert xs == list(range(len(h3_plan.layers)))
+    first = next(t for t in fig.data if 0 in list(t.x))
+    assert first.customdata[list(first.x).index(0)][0] == "token_refiner.blocks"
+
+
+def test_tier_map_from_run(h3_sim, measured):
+    fig = viz.tier_map(h3_sim)
+    assert "SIMULATED" in fig.layout.title.text
+    assert sum(len(t.y) for t in fig.data) == len(h3_sim.layers)
+    fig = viz.tier_map(measured[0])
+    assert [t.name for t in fig.data] == ["pinned"]
+    with pytest.raises(VizError, match="expected an offload_lab.Plan or an offload_lab.Run"):
+        viz.tier_map({"tier": "pinned"})
+
+
+def test_memory_has_four_series(measured, h3_sim):
+    for run in (measured[0], h3_sim):
+        fig = viz.memory(run)
+        assert [t.name for t in fig.data] == ["device", "pinned host", "anonymous host", "mapped (file pages)"]
+        assert all(len(t.x) == len(run.memory) for t in fig.data)
+    assert "SIMULATED" in viz.memory(h3_sim).layout.title.text
+
+
+def test_step_times_ratio_annotations_and_simulated_marks(measured, h3_sim):
+    runs = measured + [h3_sim]
+    fig = viz.step_times(runs)
+    (bar,) = fig.data
+    assert len(bar.y) == 3
+    assert bar.text[0].endswith("×1.00")
+    ratio = h3_sim.step_time / measured[0].step_time
+    assert bar.text[2].endswith(viz.fmt_ratio(ratio))
+    assert "(simulated)" in bar.y[2] and "simulated" not in bar.y[0]
+    assert list(bar.marker.pattern.shape) == ["", "", viz.SIM_PATTERN]
+    assert bar.marker.pattern.fillmode == "overlay"  # hatching over the colour, not instead of it
+    assert "hatched = simulated (1 of 3)" in fig.layout.title.subtitle.text
+    # the label that would break HTML is escaped for plotly, which shows it as text
+    assert bar.y[1].startswith("&lt;/script&gt;")
+
+
+def test_step_times_duplicate_labels_stay_apart(measured):
+    fig = viz.step_times([measured[0], measured[0]])
+    assert list(fig.data[0].y) == ["pinned", "pinned #2"]
+
+
+def test_bandwidth_per_tier(measured, h3_sim):
+    runs = measured + [h3_sim]
+    fig = viz.bandwidth(runs)
+    by_tier = {t.name: t for t in fig.data}
+    assert set(by_tier) == {"pinned", "pageable"}
+    sim_row = next(i for i, y in enumerate(by_tier["pinned"].y) if "simulated" in y)
+    assert by_tier["pinned"].x[sim_row] == pytest.approx(
+        offload_lab.analysis.metrics(h3_sim)["gbps"]["pinned"], rel=1e-3)
+    assert by_tier["pinned"].marker.color == TIER_COLORS["pinned"]
+
+
+def test_startup_peaks_from_plan_and_runs(h3_plan, measured):
+    fig = viz.startup_peaks(h3_plan)
+    (pred,) = fig.data
+    assert list(pred.x) == ["grouped", "naive"]
+    assert pred.y[0] < pred.y[1]  # grouped init never makes later groups transiently resident
+    fig = viz.startup_peaks(measured)
+    assert [t.name for t in fig.data] == ["measured · pinned", "measured · &lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"]
+    assert all(list(t.x) == [r.meta["init_strategy"]] for t, r in zip(fig.data, measured))
+    with pytest.raises(VizError, match="item 0 is int"):
+        viz.startup_peaks([3])
+    with pytest.raises(VizError, match="expected a Plan, a Run, or a list"):
+        viz.startup_peaks(3)
+
+
+def test_figure_json_cannot_end_a_script_element(measured):
+    figs = [viz.timeline(measured[1]), viz.step_times(measured), viz.memory(measured[1]),
+            viz.tier_map(measured[1]), viz.bandwidth(measured), viz.startup_peaks(measured)]
+    for fig in figs:
+        text = fig.to_json()
+        assert "</script" not in text.lower()
+        assert "<script" not in text.lower()
+        json.loads(text)  # and it is still JSON
+
+
+def test_tier_colours_are_distinct():
+    assert len(set(TIER_COLORS.values())) == len(TIER_COLORS)
+    assert viz.tier_color("nonsense") == TIER_COLORS["unknown"]
+
+
+def test_formatters():
+    assert viz.fmt_seconds(0.9996) == "1 s"
+    assert viz.fmt_seconds(float("nan")) == "–"
+    assert viz.fmt_ratio(np.float64(1.9)) == "×1.90"
+
+
+def test_figures_say_why_they_are_empty():
+    spec = catalog.load("wan2.1-t2v-14b")
+    run = offload_lab.simulate(spec, offload_lab.plan(spec, resident=40, host=HOST), "h200", steps=2)
+    fig = viz.bandwidth([run])
+    assert not fig.data and "no timed copies" in fig.layout.annotations[0].text
+    # an all-resident run still has a timeline: compute only, no copy lane
+    lanes = {y for t in viz.timeline(run).data for y in t.y}
+    assert lanes == {"compute"}
+    fig = viz.startup_peaks([run.__class__.build([], [], run.layers, meta={"label": "nothing"})])
+    assert not fig.data and "no startup peaks" in fig.layout.annotations[0].text
