@@ -1,0 +1,8 @@
+"""``python -m offload_lab`` runs the ``offload-lab`` command (see :mod:`offload_lab.cli`)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The ``offload-lab`` command, run as a real process (the console script, else ``python -m``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(sys.executable).parent / "offload-lab"
+COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "offload_lab"]
+SUBCOMMANDS = ("demo", "plan", "profile", "simulate", "report", "catalog")
+
+
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # tests must not reach for a GPU another test holds, nor vary with one
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=env)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    line = lines[0]
+    assert line.startswith("offload-lab: error: "), line
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in line, (n, line)
+    return line
+
+
+# -- help and version ---------------------------------------------------------------------------
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_each_subcommand_has_help_with_examples(sub: str) -> None:
+    r = cli(sub, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: offload-lab {sub}")
+    assert "examples:" in r.stdout
+    assert f"offload-lab {sub}" in r.stdout.split("examples:", 1)[1]
+
+
+def test_top_level_help_and_version() -> None:
+    r = cli("--help")
+    assert r.returncode == 0
+    for sub in SUBCOMMANDS:
+        assert sub in r.stdout
+    v = cli("--version")
+    assert v.returncode == 0 and v.stdout.startswith("offload-lab 0.")
+
+
+# -- plan and catalog ---------------------------------------------------------------------------
+def test_plan_pins_what_the_budget_allows() -> None:
+    # Wan2.1 T2V-14B blocks are 670 MiB: 12 of them fit 8 GiB, the other 28 stay pageable
+    r = cli("plan", "wan2.1-t2v-14b", "--pin-budget", "8GiB", "--host", "64GiB")
+    assert r.returncode == 0, r.stderr
+    assert "40 layers: 12 pinned, 28 pageable" in r.stdout
+    assert "ledger:" in r.stdout and "pinned: rank 1" in r.stdout
+    j = cli("plan", "wan2.1-t2v-14b", "--pin-budget", "8GiB", "--host", "64GiB", "--json")
+    assert j.returncode == 0, j.stderr
+    d = json.loads(j.stdout)
+    assert sum(row["tier"] == "pinned" for row in d["layers"]) == 12
+    assert d["ledger"]["fits"] is True
+
+
+def test_catalog_lists_models_details_and_devices() -> None:
+    r = cli("catalog")
+    assert r.returncode == 0, r.stderr
+    for name in ("minimax-h3", "wan2.1-i2v-14b", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"):
+        assert name in r.stdout
+    one = cli("catalog", "minimax-h3")
+    assert one.returncode == 0 and "token_refiner.blocks: 2 layers" in one.stdout
+    dev = cli("catalog", "--devices")
+    assert dev.returncode == 0 and "h200" in dev.stdout and "rtx4090-pcie4" in dev.stdout
+
+
+# -- bad input: exit 2, one line naming the value -----------------------------------------------
+@pytest.mark.parametrize("args, needles", [
+    (["plan", "wan9-t2v"], ["'wan9-t2v'", "wan2.1-t2v-1.3b"]),
+    (["plan", "wan2.1-t2v-14b", "--pin-budget", "8XB"], ["'8XB'", "GiB"]),
+    (["plan", "wan2.1-t2v-14b", "--pin-budget", "8"], ["'8'", "unit"]),
+    (["plan", "wan2.1-t2v-14b", "--tier", "locked"], ["'locked'", "pinned", "pageable", "mapped"]),
+    (["plan", "wan2.1-t2v-14b", "--order", "3,3"], ["twice"]),
+    (["simulate", "wan2.1-t2v-14b", "--device", "a100"], ["'a100'", "h200"]),
+    (["simulate", "wan2.1-t2v-14b", "--device", "h200", "--tokens", "4k"], ["'4k'", "480p"]),
+    (["report", "no-such-run.zip"], ["'no-such-run.zip'"]),
+    (["plan", "missing/model.safetensors"], ["'missing/model.safetensors'", "safetensors"]),
+    ([], ["no command"]),
+])
+def test_bad_input_gives_exit_2_and_one_line(args: list[str], needles: list[str], tmp_path: Path) -> None:
+    assert_one_line_error(cli(*args, cwd=tmp_path), *needles)
+
+
+def test_corrupt_files_give_one_line(tmp_path: Path) -> None:
+    bad_run = tmp_path / "broken.zip"
+    bad_run.write_bytes(b"PK\x03\x04 not really a zip")
+    assert_one_line_error(cli("report", bad_run), "broken.zip")
+    bad_spec = tmp_path / "spec.json"
+    bad_spec.write_text('{"hello": 1}')
+    assert_one_line_error(cli("plan", bad_spec), "spec.json")
+    bad_st = tmp_path / "model.safetensors"
+    bad_st.write_bytes(b"\xff" * 16)
+    assert_one_line_error(cli("plan", bad_st), "model.safetensors")
+
+
+# -- profile -> simulate -> report --------------------------------------------------------------
+def test_profile_simulate_report_round_trip(tmp_path: Path) -> None:
+    r = cli("profile", "wan2.1-t2v-1.3b", "--scale", "0.05", "--layers", "2", "--tokens", "64",
+            "--steps", "1", "--warmup", "0", "--backend", "cpu", "--tier", "pageable",
+            "--label", "tiny pageable", "--out", tmp_path / "measured.zip")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "measured.zip").exists() and "tiny pageable" in r.stdout
+    s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--tier", "pinned", "--steps", "1",
+            "--out", tmp_path / "sim.zip")
+    assert s.returncode == 0, s.stderr
+    assert "(simulated)" in s.stdout and "SIMULATED" in s.stdout
+    out = tmp_path / "report.html"
+    rep = cli("report", tmp_path / "measured.zip", tmp_path / "sim.zip", "--out", out, "--title", "round trip")
+    assert rep.returncode == 0, rep.stderr
+    html = out.read_text()
+    assert "tiny pageable" in html and "SIMULATED" in html and 'id="comparison-table"' in html
+    assert str(out.resolve()) in rep.stdout
+
+
+# -- the main job -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path: Path) -> None:
+    r = cli("demo", "--quick", "--backend", "cpu", "--out", tmp_path / "tmp" / "report.html",
+            cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    report = tmp_path / "tmp" / "report.html"
+    html = report.read_text()
+    assert 'id="comparison-table"' in html and "SIMULATED" in html
+    for label in ("cpu: all pinned", "cpu: all pageable", "cpu: mapped", "cpu: half pinned",
+                  "h200: all pinned", "rtx4090-pcie4: all pageable"):
+        assert label in html and label in r.stdout, label
+    assert "sizing:" in r.stdout and "about the same time" in r.stdout
+    assert f"report: {report.resolve()}" in r.stdout
+    assert "100%" in r.stderr  # the progress bar ran to the end
+
+
+def test_report_without_plotly_is_one_clear_line(tmp_path: Path) -> None:
+    # the GPU machines have torch and pandas but no plotly: say so instead of a traceback
+    s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--steps", "1", "--out", tmp_path / "sim.zip")
+    assert s.returncode == 0, s.stderr
+    code = ("import sys; sys.modules['plotly'] = None\n"
+            "from offload_lab.cli import main\n"
+            f"sys.exit(main(['report', {str(tmp_path / 'sim.zip')!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert_one_line_error(r, "plotly is not installed")
+    assert not (tmp_path / "r.html").exists()
