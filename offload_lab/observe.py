@@ -1,0 +1,699 @@
+"""Observer mode: record a per-layer timeline of a model that *another* system offloads (issue 7).
+
+Accelerate's hooks, diffusers group offloading, a serving engine's layerwise offload or
+offload-lab's own manager move the weights; :func:`observe` only watches. It adds forward
+hooks and timing markers and changes nothing else: no parameter, buffer, device or output is
+touched, and every hook is removed on exit (normally, on error, on Ctrl-C).
+
+>>> import torch, offload_lab
+>>> from offload_lab import synthetic
+>>> model = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.04, layers=2,
+...                         dtype=torch.float32)
+>>> inputs = synthetic.example_inputs(model, tokens=32)
+>>> with offload_lab.observe(model, backend="cpu") as obs, torch.no_grad():
+...     with obs.step():
+...         _ = model(**inputs)
+>>> obs.run.layers["tier"].tolist(), obs.run.backend
+(['resident', 'resident'], 'observe')
+
+How it sees
+-----------
+Each layer (one block of a layer group) gets five probes:
+
+- ``P0`` a forward pre-hook registered with ``prepend=True``: it runs *before* every other
+  pre-hook of the block (the layer is ready to run);
+- ``P1`` a forward pre-hook appended last: it runs *after* the other system's pre-hooks, so
+  ``P0 → P1`` is that system's on-entry work;
+- ``Pc`` a pre-hook on every submodule of the block, of which only the first to fire in a
+  forward counts: systems that wrap ``block.forward`` (accelerate's ``add_hook_to_module``,
+  diffusers' ``HookRegistry``) do their on-entry work inside ``forward``, i.e. in ``P1 → Pc``;
+- ``P2`` a forward hook with ``prepend=True, always_call=True`` (compute has ended);
+- ``P3`` a forward hook appended last, ``always_call=True`` (after the other system's
+  post-hooks: releases, prefetches issued on exit).
+
+Hooks that another system registers *after* the observer entered are moved behind ``P1`` /
+``P3`` again at each :meth:`Observer.step`, so their work never counts as compute.
+
+At every probe of layer ``i`` the observer takes a marker (a timing event on the *current*
+CUDA stream, or ``perf_counter`` on the CPU), then snapshots ``(device, data_ptr, numel)`` of
+every parameter of layer ``i`` and of the next :data:`LOOKAHEAD` layers of its group (wrapping),
+and of every layer at step boundaries. A change since that layer's previous snapshot is how
+the other system's copies become visible.
+
+Attribution rules
+-----------------
+- **Ownership.** A parameter belongs to the first layer (in group order) that holds it; copies
+  are attributed to the layer whose parameters changed, never to the layer that happened to be
+  running (a prefetch of ``blocks.5`` issued in ``blocks.4``'s hook is ``blocks.5``'s copy).
+- **A copy** is a parameter that now holds its full-size data on the compute device and held
+  something else at the previous snapshot. On CUDA a ``cpu → cuda`` change is a copy; a
+  ``cuda → cuda`` change of a full-size tensor is a rebind, not a copy; a change from a
+  placeholder, a ``meta`` tensor or any tensor of another size is a copy whose source we did
+  not see. On the CPU backend host and device are the same memory: a change *back* to a pointer
+  the parameter held before its last copy (its host copy) is a release, any other change to a
+  full-size tensor is a copy. One ``copy`` row per layer, tier and detection; ``bytes`` = the
+  bytes of the parameters that arrived.
+- **Tier** of a copy comes from its source, i.e. the parameter's previous state: a full-size
+  CPU tensor that ``is_pinned()`` → ``pinned``, in a file mapping (:func:`hostmem.file_backed_checker`)
+  → ``mapped``, else ``pageable``. A source we did not see (placeholder, ``meta``, another
+  device) → ``unknown``. Never guessed. (The process's file mappings are read at each step
+  start, outside the step's clock: a file first mapped in the middle of a step is recognised
+  from the next step on.)
+- **When.** A copy row spans the layer's previous snapshot to the snapshot that saw the change
+  (on the compute stream's clock on CUDA). For a synchronous copy in the other system's hook
+  that is the copy; for an asynchronous prefetch it is the part not hidden from the compute
+  stream (so its GB/s is an upper bound); copies seen in the same span share it. A copy is
+  labelled with the step of the layer's next use, like the runtime's copies.
+- **host_block** rows (stream ``host``) are recorded where the copy must have blocked the host
+  thread: every copy on the CPU backend (the CPU copies its own memory), and on CUDA copies
+  from ``pageable`` or ``mapped`` memory (CUDA stages them, the host waits). Pinned and unknown
+  sources on CUDA get none: that cannot be known from hooks.
+- **compute** is ``P1 → P2``, or ``Pc → P2`` when a copy was seen in ``P1 → Pc`` (a
+  forward-wrapping system copied inside ``forward``). The other system's post-hook work (its
+  release) falls after ``P2``; a forward-wrapper's release falls inside ``forward`` (before
+  ``P2``), since no hook can see past it.
+- **wait** (stall) rows cover ``P0 → compute start`` when the layer's *own* weights arrived in
+  that span: the layer was ready to run and waited for them.
+- **Placement** per layer: the tier carrying most of its copied bytes (ties go to the slower
+  tier; layers with several tiers are listed in ``meta["mixed_tier_layers"]``), ``streamed`` if
+  any copy was seen; a layer never copied is ``resident`` only if all its parameters were
+  full-size on the compute device at every snapshot and it ran at least once, else ``unknown``. ``pin_rank`` is <NA>,
+  ``reason`` is ``"observed"``.
+
+What it cannot see: copies that change no parameter pointer (a system copying into buffers it
+binds later shows the bind, not the copy), work of systems that wrap every *leaf* module
+(accelerate's ``cpu_offload`` hooks each ``Linear``: their copies fall inside compute and the
+layer stays ``unknown``), and the other system's copy stream timeline on CUDA (use
+:func:`offload_lab.from_torch_profiler` for that).
+
+On CUDA, :meth:`Observer.step` synchronizes the device at step boundaries (as offload-lab's own
+runs do, so the two compare fairly); nothing else synchronizes.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import types
+import uuid
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from .hostmem import HostMemory, file_backed_checker, process_memory
+from .runtime.backends import CpuBackend, CudaBackend
+from .spec import find_layer_groups
+from .timeline import Run
+
+__all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
+
+BACKENDS = ("auto", "cuda", "cpu")
+#: how many layers after the running one are snapshotted at each of its probes, so that a
+#: prefetch issued in layer i's hooks is seen (and timed) where it happens, not at its use
+LOOKAHEAD = 2
+# a slower tier wins a tie: a mix never looks better than it was
+_TIER_RANK = {"mapped": 3, "pageable": 2, "unknown": 1, "pinned": 0}
+_OBSERVED: weakref.WeakSet = weakref.WeakSet()
+
+
+class ObserveError(ValueError):
+    """A model, group list or backend that the observer cannot work with."""
+
+
+@dataclass
+class _Probe:
+    """Markers at the entry and exit of one probe (our own work lies between them)."""
+
+    enter: Any
+    exit: Any
+    host_enter: float
+    host_exit: float
+
+
+@dataclass
+class _Use:
+    """One forward of one layer."""
+
+    step: int
+    p0: _Probe
+    p1: _Probe | None = None
+    pc: _Probe | None = None
+    end: Any = None
+    child_armed: bool = False
+    copied_at_entry: bool = False   # this layer's own weights arrived in P0 → compute start
+    copied_in_forward: bool = False  # some copy was seen in P1 → Pc (a forward wrapper's work)
+    copies: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Layer:
+    group: str
+    index: int
+    module: nn.Module
+    params: list[nn.Parameter]
+    state: list[tuple] = field(default_factory=list)   # (device, ptr, numel, source tier | None)
+    home: list[set] = field(default_factory=list)      # cpu backend: pointers of host copies
+    max_bytes: list[int] = field(default_factory=list)
+    last: _Probe | None = None
+    on_device_throughout: bool = True
+    pending: list[dict] = field(default_factory=list)
+    open: list[_Use] = field(default_factory=list)
+    tier_bytes: dict[str, int] = field(default_factory=dict)
+    max_mapped: int = 0
+    uses: int = 0
+    dev_bytes: int = 0  # bytes of its weights bound on the compute device at the last snapshot
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}.{self.index}"
+
+
+class Observer:
+    """Records a per-layer timeline of a model offloaded by someone else; changes nothing.
+
+    Made by :func:`observe`; a context manager. Use :meth:`step` around each step (e.g. one
+    denoising step: every forward inside it) and read :attr:`run` (or :meth:`build_run`) after.
+
+    >>> import torch, offload_lab
+    >>> from offload_lab import synthetic
+    >>> model = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.04, layers=2,
+    ...                         dtype=torch.float32)
+    >>> x = synthetic.example_inputs(model, tokens=32)
+    >>> with offload_lab.observe(model, backend="cpu", label="nobody offloads") as obs:
+    ...     for _ in range(2):
+    ...         with obs.step(), torch.no_grad():
+    ...             _ = model(**x)
+    >>> run = obs.build_run(warmup=1)
+    >>> len(run.steps), run.meta["observed_system"], int(run.steps["bytes_moved"].sum())
+    (1, 'nobody offloads', 0)
+    """
+
+    def __init__(self, model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
+                 label: str | None = None, device: torch.device | str | None = None):
+        if not isinstance(model, nn.Module):
+            raise ObserveError(f"observe expects a torch.nn.Module, got {type(model).__name__}")
+        if backend not in BACKENDS:
+            raise ObserveError(f"backend {backend!r} is not one of {BACKENDS}")
+        if label is not None and not isinstance(label, str):
+            raise ObserveError(f"label {label!r} must be a string naming the observed system "
+                               f"(e.g. 'accelerate hooks') or None")
+        if backend == "auto":
+            backend = "cuda" if torch.cuda.is_available() else "cpu"
+        if backend == "cuda" and not torch.cuda.is_available():
+            raise ObserveError("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ObserveError(f"device {device!r} is not a torch device; accepted: 'cpu', 'cuda', 'cuda:1', ...") from None
+        if device.type != ("cuda" if backend == "cuda" else "cpu"):
+            raise ObserveError(f"device {str(device)!r} does not match backend {backend!r}")
+        if backend == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.model, self.device, self.clock, self.label = model, device, backend, label
+        self._layers = self._find_layers(model, groups)
+        self._by_group: dict[str, list[_Layer]] = {}
+        for lay in self._layers:
+            self._by_group.setdefault(lay.group, []).append(lay)
+        self._backend: CpuBackend | CudaBackend | None = None
+        self._hooks: list = []
+        self._order: list[tuple[nn.Module, Any, Any, Any, Any]] = []
+        self._uses: list[tuple[_Layer, _Use]] = []
+        self._bounds: list[dict] = []
+        self._memory: list[dict] = []
+        self._step: int | None = None
+        self._steps_done = 0
+        self._entered = False
+        self._overhead = 0.0
+        self._checker = None
+        self._tier_cache: dict[tuple[int, int], str] = {}
+        self._used = False
+        self._pinned_seen: dict[int, int] = {}
+        self._meta: dict[str, Any] = {}
+
+    # -- the layers ------------------------------------------------------------------------------
+    @staticmethod
+    def _find_layers(model: nn.Module, groups: list[str] | None) -> list[_Layer]:
+        mods = dict(model.named_modules())
+        if groups is None:
+            groups = find_layer_groups(model)
+            if not groups:
+                raise ObserveError(
+                    f"{type(model).__name__!r} has no layer group (an nn.ModuleList of ≥ 2 blocks of one "
+                    f"class); pass groups=[...] naming its block lists")
+        else:
+            if isinstance(groups, str):
+                groups = [groups]
+            groups = list(groups)
+            for g in groups:
+                if not isinstance(mods.get(g), nn.ModuleList):
+                    raise ObserveError(
+                        f"group {g!r} is not an nn.ModuleList of {type(model).__name__!r}; accepted: its "
+                        f"block lists, detected: {find_layer_groups(model)}")
+        layers, owner = [], set()
+        for g in groups:
+            for i, block in enumerate(mods[g]):
+                params = []
+                for p in block.parameters():
+                    # a shared parameter belongs to its first owner: one copy, one layer
+                    if id(p) not in owner:
+                        owner.add(id(p))
+                        params.append(p)
+                layers.append(_Layer(g, i, block, params))
+        return layers
+
+    # -- enter / exit ----------------------------------------------------------------------------
+    def __enter__(self) -> Observer:
+        if self._used:
+            raise ObserveError("an observer records one session; call observe(...) again for another")
+        if self.model in _OBSERVED:
+            raise ObserveError("this model is already being observed; leave that observer first")
+        self._used = True
+        _OBSERVED.add(self.model)
+        self._entered = True
+        try:
+            self._start()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
+
+    def _start(self) -> None:
+        if self.clock == "cuda":
+            prev = torch.cuda.current_device()
+            try:
+                self._backend = CudaBackend(self.device)
+            finally:
+                torch.cuda.set_device(prev)  # the backend sets the current device; put it back
+        else:
+            self._backend = CpuBackend(self.device)
+        self._refresh_host_view()
+        for lay in self._layers:
+            lay.state = [self._param_state(p) for p in lay.params]
+            lay.max_bytes = [self._nbytes(p) for p in lay.params]
+            # cpu clock: where each parameter points now is its host copy (a change back is a release)
+            lay.home = [{s[1]} if s[0].type == "cpu" and s[2] else set() for s in lay.state]
+            on_dev = [self._full_on_device(s, p, m) for s, p, m in zip(lay.state, lay.params, lay.max_bytes)]
+            lay.on_device_throughout = all(on_dev)
+            lay.dev_bytes = sum(m for m, ok in zip(lay.max_bytes, on_dev) if ok)
+        self._meta = {
+            "run": uuid.uuid4().hex[:12],
+            "backend": "observe",
+            "simulated": False,
+            "clock": self.clock,
+            "device": str(self.device),
+            "device_name": self._backend.device_name(),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "platform": platform.platform(),
+            "model": str(getattr(self.model, "offload_spec_meta", {}).get("spec_name")
+                         or type(self.model).__name__),
+            "groups": list(self._by_group),
+            "host": HostMemory.probe().to_dict(),
+            "lookahead": LOOKAHEAD,
+        }
+        if self.label is not None:
+            self._meta["observed_system"] = self.label
+        self._install()
+
+    def _restore(self) -> None:
+        """Remove every hook; leave the model exactly as the other system has it."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._order.clear()
+        for lay in self._layers:
+            lay.open.clear()
+        if self._entered:
+            _OBSERVED.discard(self.model)
+            self._entered = False
+
+    # -- snapshots -------------------------------------------------------------------------------
+    @staticmethod
+    def _nbytes(p: torch.Tensor) -> int:
+        return int(p.numel()) * int(p.element_size())
+
+    def _param_state(self, p: torch.Tensor) -> tuple:
+        dev = p.device
+        ptr = 0 if dev.type == "meta" else int(p.data_ptr())
+        n = int(p.numel())
+        return (dev, ptr, n, self._source_tier(p) if dev.type == "cpu" and n else None)
+
+    def _source_tier(self, t: torch.Tensor) -> str:
+        """Where a CPU tensor's bytes live; what a copy out of it would be."""
+        key = (int(t.data_ptr()), self._nbytes(t))
+        tier = self._tier_cache.get(key)
+        if tier is None:
+            try:
+                pinned = t.is_pinned()
+            except RuntimeError:  # torch without an accelerator cannot pin: nothing is pinned
+                pinned = False
+            tier = "pinned" if pinned else "mapped" if self._checker(t) else "pageable"
+            self._tier_cache[key] = tier
+        return tier
+
+    def _refresh_host_view(self) -> None:
+        # reading /proc/self/maps costs milliseconds: once per step, before its clock starts
+        self._checker = file_backed_checker()
+        self._tier_cache.clear()
+
+    def _full_on_device(self, s: tuple, p: torch.Tensor, full: int) -> bool:
+        dev, _, n, _ = s
+        return (dev.type == self.device.type and (dev.index or 0) == (self.device.index or 0)
+                and n * p.element_size() == full and n > 0)
+
+    def _check(self, lay: _Layer, probe: _Probe, use: _Use | None) -> list[dict]:
+        """Snapshot ``lay``; record what arrived since its previous snapshot."""
+        arrived: dict[str, int] = {}
+        changed = False
+        for k, p in enumerate(lay.params):
+            old = lay.state[k]
+            # the hot path: a data pointer names its device too (meta tensors have none: 0)
+            if p.data_ptr() == old[1] and p.numel() == old[2]:
+                continue
+            changed = True
+            new = self._param_state(p)
+            lay.state[k] = new
+            nb = self._nbytes(p)
+            lay.max_bytes[k] = max(lay.max_bytes[k], nb)
+            full = self._full_on_device(new, p, lay.max_bytes[k])
+            if not full:
+                lay.on_device_throughout = False
+                continue
+            src_tier = old[3] if (old[0].type == "cpu" and old[2] == new[2]) else None
+            if self.clock == "cuda":
+                if old[0] == new[0] and old[2] == new[2]:
+                    continue  # a full-size rebind on the device: no bytes crossed the link
+            else:
+                if new[1] in lay.home[k]:
+                    continue  # back to its host copy: a release
+                if src_tier is not None:
+                    lay.home[k].add(old[1])
+            tier = src_tier or "unknown"
+            arrived[tier] = arrived.get(tier, 0) + nb
+            if tier == "pinned":
+                self._pinned_seen[id(p)] = nb
+        if changed:
+            lay.dev_bytes = sum(m for s, p, m in zip(lay.state, lay.params, lay.max_bytes)
+                                if self._full_on_device(s, p, m))
+        out = []
+        prev = lay.last or probe
+        for tier, nb in arrived.items():
+            blocking = self.clock == "cpu" or tier in ("pageable", "mapped")
+            out.append({"tier": tier, "bytes": nb, "start": prev.exit, "end": probe.enter,
+                        "host": (prev.host_exit, probe.host_enter) if blocking else None})
+        lay.last = probe
+        if out:
+            if use is not None:
+                use.copies.extend(out)
+            else:
+                lay.pending.extend(out)
+        return out
+
+    # -- probes ------------------------------------------------------------------------------------
+    def _mark(self) -> Any:
+        if self.clock == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            return ev
+        return self._backend.now()
+
+    def _host(self) -> float:
+        return self._backend.host_to_device_time(self._backend.now())
+
+    def _probe(self, lay: _Layer | None, use: _Use | None, sample: bool = False) -> tuple[_Probe, bool, bool]:
+        """Mark, snapshot ``lay`` and its lookahead (or every layer), mark again.
+
+        Returns the probe, whether ``lay``'s own weights arrived and whether anything arrived.
+        """
+        h0 = self._host()
+        m0 = self._mark()
+        probe = _Probe(m0, None, h0, h0)
+        own = anything = False
+        if lay is None:
+            for other in self._layers:
+                anything |= bool(self._check(other, probe, None))
+        else:
+            own = bool(self._check(lay, probe, use))
+            anything = own
+            group = self._by_group[lay.group]
+            n = len(group)
+            for d in range(1, min(LOOKAHEAD, n - 1) + 1):
+                anything |= bool(self._check(group[(lay.index + d) % n], probe, None))
+        if sample:
+            self._sample_memory()
+        probe.host_exit = self._host()
+        probe.exit = self._mark()
+        self._overhead += probe.host_exit - h0
+        return probe, own, anything
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def _install(self) -> None:
+        for lay in self._layers:
+            p0, p1, pc, p2, p3 = self._make_hooks(lay)
+            m = lay.module
+            h0 = m.register_forward_pre_hook(p0, prepend=True)
+            h1 = m.register_forward_pre_hook(p1)
+            h2 = m.register_forward_hook(p2, prepend=True, always_call=True)
+            h3 = m.register_forward_hook(p3, always_call=True)
+            self._hooks += [h0, h1, h2, h3]
+            self._order.append((m, h0, h1, h2, h3))
+            for sub in m.modules():
+                if sub is not m:
+                    self._hooks.append(sub.register_forward_pre_hook(pc))
+
+    def _keep_order(self) -> None:
+        """Put P0/P2 first and P1/P3 last again, behind hooks registered after we entered."""
+        for m, h0, h1, h2, h3 in self._order:
+            for hooks, first, last in ((m._forward_pre_hooks, h0, h1), (m._forward_hooks, h2, h3)):
+                try:
+                    hooks.move_to_end(first.id, last=False)
+                    hooks.move_to_end(last.id)
+                except (AttributeError, KeyError):  # a torch without ordered hook dicts: keep as is
+                    pass
+
+    def _make_hooks(self, lay: _Layer):
+        def p0(module, args):
+            probe, _, _ = self._probe(lay, None)
+            use = _Use(self._current_step(), probe)
+            lay.open.append(use)
+
+        def p1(module, args):
+            if not lay.open:
+                return
+            use = lay.open[-1]
+            use.p1, own, _ = self._probe(lay, use)
+            use.copied_at_entry |= own
+            use.child_armed = True
+
+        def pc(module, args):
+            if not lay.open or not lay.open[-1].child_armed:
+                return
+            use = lay.open[-1]
+            use.child_armed = False
+            use.pc, own, anything = self._probe(lay, use)
+            use.copied_at_entry |= own
+            use.copied_in_forward = anything
+
+        def p2(module, args, *rest):
+            if not lay.open:
+                return
+            use = lay.open[-1]
+            use.child_armed = False
+            use.end = self._mark()
+            # copies seen for this layer since its last use belong to this use
+            use.copies = lay.pending + use.copies
+            lay.pending = []
+
+        def p3(module, args, *rest):
+            if not lay.open:
+                return
+            use = lay.open.pop()
+            if use.p1 is not None and use.end is not None:
+                self._uses.append((lay, use))
+                lay.uses += 1
+            self._probe(lay, None, sample=True)
+
+        return p0, p1, pc, p2, p3
+
+    # -- steps -------------------------------------------------------------------------------------
+    def _current_step(self) -> int:
+        return self._step if self._step is not None else self._steps_done
+
+    @contextmanager
+    def step(self) -> Iterator[Observer]:
+        """Mark one step (every forward inside it); nests nowhere.
+
+        >>> import torch, offload_lab
+        >>> from offload_lab import synthetic
+        >>> m = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.04, layers=2)
+        >>> with offload_lab.observe(m, backend="cpu") as obs, obs.step(), torch.no_grad():
+        ...     _ = m(**synthetic.example_inputs(m, tokens=32))
+        >>> int(obs.run.events["kind"].eq("compute").sum())
+        2
+        """
+        if not self._entered:
+            raise ObserveError("step() must be used inside `with observe(...)`")
+        if self._step is not None:
+            raise ObserveError("steps do not nest")
+        self._keep_order()
+        self._refresh_host_view()
+        self._step = self._steps_done
+        start = self._backend.begin_step()
+        self._probe(None, None)
+        try:
+            yield self
+        finally:
+            self._probe(None, None, sample=True)
+            end = self._backend.end_step()
+            self._bounds.append({"step": self._step, "start": start, "end": end})
+            self._steps_done += 1
+            self._step = None
+
+    # -- memory --------------------------------------------------------------------------------------
+    def _sample_memory(self) -> None:
+        pm = process_memory()
+        if self.clock == "cuda":
+            dev = torch.cuda.memory_allocated(self.device)
+        else:  # the CPU is the device: count the layer weights that are bound there now
+            dev = sum(lay.dev_bytes for lay in self._layers)
+        self._memory.append({
+            "t_s": self._host(),
+            "device_bytes": int(dev),
+            # what we saw the other system copy from pinned memory: a lower bound of its pins
+            "pinned_bytes": int(sum(self._pinned_seen.values())),
+            "anon_bytes": int(pm["anon_bytes"]),
+            "mapped_bytes": int(pm["file_bytes"]),
+        })
+
+    # -- the Run -------------------------------------------------------------------------------------
+    def _placement(self) -> tuple[pd.DataFrame, list[str]]:
+        rows, mixed = [], []
+        for lay in self._layers:
+            tb = lay.tier_bytes
+            if tb:
+                tier = max(tb, key=lambda t: (tb[t], _TIER_RANK.get(t, 1)))
+                if len(tb) > 1:
+                    mixed.append(lay.name)
+                mapped = lay.max_mapped
+            else:
+                # a layer that never ran may hold placeholders we cannot tell from weights
+                tier = "resident" if lay.on_device_throughout and lay.uses else "unknown"
+                mapped = sum(lay.max_bytes[k] for k, s in enumerate(lay.state) if s[3] == "mapped") \
+                    if tier == "resident" else 0
+            rows.append({"group": lay.group, "layer": lay.index, "tier": tier,
+                         "bytes": int(sum(lay.max_bytes)), "mapped_bytes": int(mapped),
+                         "streamed": bool(tb), "pin_rank": pd.NA, "reason": "observed"})
+        df = pd.DataFrame(rows, columns=["group", "layer", "tier", "bytes", "mapped_bytes", "streamed",
+                                         "pin_rank", "reason"])
+        return df.astype({"group": "string", "layer": "int64", "tier": "string", "bytes": "int64",
+                          "mapped_bytes": "int64", "streamed": "bool", "pin_rank": "Int64",
+                          "reason": "string"}), mixed
+
+    def build_run(self, warmup: int = 0) -> Run:
+        """The Run recorded so far (markers resolved on the device clock).
+
+        ``warmup`` steps are dropped from the frames, as in :func:`offload_lab.profile`.
+        """
+        if self._backend is None:
+            raise ObserveError("nothing recorded yet: enter the observer first")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ObserveError(f"warmup {warmup!r} must be an integer ≥ 0")
+        self._backend.synchronize()
+        r = self._backend.resolve
+        for lay in self._layers:
+            lay.tier_bytes, lay.max_mapped = {}, 0
+        events = []
+        kept = {b["step"] for b in self._bounds[warmup:]}
+        for lay, use in self._uses:
+            entry = use.pc if (use.copied_in_forward and use.pc is not None) else use.p1
+            start, end = r(entry.exit), r(use.end)
+            base = {"run": self._meta["run"], "step": use.step, "group": lay.group, "layer": lay.index}
+            mapped = 0
+            for c in use.copies:
+                events.append({**base, "kind": "copy", "stream": "copy", "tier": c["tier"],
+                               "bytes": c["bytes"], "start_s": r(c["start"]), "end_s": r(c["end"])})
+                if c["host"] is not None:
+                    events.append({**base, "kind": "host_block", "stream": "host", "tier": c["tier"],
+                                   "bytes": c["bytes"], "start_s": c["host"][0], "end_s": c["host"][1]})
+                # placement is judged on the steps the run keeps (no warm-up first copies)
+                if use.step in kept or not kept:
+                    lay.tier_bytes[c["tier"]] = lay.tier_bytes.get(c["tier"], 0) + c["bytes"]
+                    mapped += c["bytes"] if c["tier"] == "mapped" else 0
+            lay.max_mapped = max(lay.max_mapped, mapped)
+            if use.copied_at_entry:
+                # ready at P0; the weights were there when the other system's hooks returned
+                w0, w1 = r(use.p0.exit), r(entry.enter)
+                if w1 > w0:
+                    events.append({**base, "kind": "wait", "stream": "compute", "tier": "", "bytes": 0,
+                                   "start_s": w0, "end_s": w1})
+            events.append({**base, "kind": "compute", "stream": "compute", "tier": "", "bytes": 0,
+                           "start_s": start, "end_s": end})
+        plan_layers, mixed = self._placement()
+        tier_of = {(g, int(i)): t for g, i, t in zip(plan_layers["group"], plan_layers["layer"],
+                                                      plan_layers["tier"])}
+        for e in events:
+            if e["tier"] == "":
+                e["tier"] = tier_of[(e["group"], e["layer"])]
+        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in self._bounds]
+        meta = dict(self._meta)
+        meta["mixed_tier_layers"] = mixed
+        meta["unused_copies"] = int(sum(len(lay.pending) for lay in self._layers))
+        meta["observer_overhead_s"] = float(self._overhead)
+        from .analysis import tier_summary
+
+        meta["label"] = self.label or f"observed: {tier_summary(plan_layers)}"
+        return Run.build(events, bounds, plan_layers, self._memory, meta, warmup=warmup)
+
+    @property
+    def run(self) -> Run:
+        """:meth:`build_run` with no warm-up dropped."""
+        return self.build_run()
+
+
+def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
+            label: str | None = None, device: torch.device | str | None = None) -> Observer:
+    """Watch ``model`` as another system offloads it; a context manager yielding an :class:`Observer`.
+
+    ``groups`` names the block lists (default: auto-detected, as :func:`offload_lab.spec_of`);
+    ``backend`` picks the clock (``"cuda"``: timing events on the current stream; ``"cpu"``:
+    ``perf_counter``; ``"auto"``: cuda when a GPU is there); ``label`` names the observed system
+    (``meta["observed_system"]``, and the run's label). The Run has ``backend == "observe"``.
+    See the module documentation for what is attributed how.
+
+    >>> import torch, offload_lab
+    >>> from offload_lab import synthetic
+    >>> model = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.04, layers=2)
+    >>> with offload_lab.observe(model, backend="cpu", label="my engine") as obs:
+    ...     with obs.step(), torch.no_grad():
+    ...         _ = model(**synthetic.example_inputs(model, tokens=32))
+    >>> obs.run.label, obs.run.simulated
+    ('my engine', False)
+    """
+    return Observer(model, groups=groups, backend=backend, label=label, device=device)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as :func:`observe`.
+
+    The function shares the module's name: once anything imports ``offload_lab.observe`` as a
+    module, the package attribute ``offload_lab.observe`` is that module, not the function.
+    Making the module callable keeps ``offload_lab.observe(model)`` a call whichever import
+    came first, without importing torch when ``offload_lab`` is imported.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Observer:
+        return observe(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
