@@ -39,58 +39,67 @@ def empty_events() -> pd.DataFrame:
     return _events_frame([])
 
 
+_EVENT_DTYPES = {
+    "run": "string", "step": "int64", "group": "string", "layer": "int64", "kind": "string",
+    "stream": "string", "tier": "string", "bytes": "int64",
+    "start_s": "float64", "end_s": "float64", "dur_s": "float64",
+}
+
+
 def _events_frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    if (isinstance(rows, pd.DataFrame) and list(rows.columns) == EVENT_COLUMNS
+            and all(str(rows[c].dtype) == t for c, t in _EVENT_DTYPES.items())):
+        return rows  # already in contract form (Run.build made it)
     df = pd.DataFrame(rows, columns=EVENT_COLUMNS) if not isinstance(rows, pd.DataFrame) else rows
     df = df.reindex(columns=EVENT_COLUMNS)
     df["dur_s"] = df["end_s"] - df["start_s"]
-    return df.astype({
-        "run": "string", "step": "int64", "group": "string", "layer": "int64", "kind": "string",
-        "stream": "string", "tier": "string", "bytes": "int64",
-        "start_s": "float64", "end_s": "float64", "dur_s": "float64",
-    }).reset_index(drop=True)
+    return df.astype(_EVENT_DTYPES).reset_index(drop=True)
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+def _union(s, e):
+    """Length of the union of intervals [s, e) (numpy arrays)."""
+    if len(s) == 0:
+        return 0.0
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    reach = np.maximum.accumulate(e)
+    brk = np.empty(len(s), dtype=bool)
+    brk[0] = True
+    brk[1:] = s[1:] > reach[:-1]
+    idx = np.flatnonzero(brk)
+    return float((np.maximum.reduceat(e, idx) - s[idx]).sum())
 
-
-def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of (∪a) ∩ (∪b)."""
-    return _union_length(a) + _union_length(b) - _union_length(a + b)
 
 
 def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per step from the events and the step boundaries (``step, start_s, end_s``)."""
+    """One row per step from the events and the step boundaries (``step, start_s, end_s``).
+
+    Vectorised per step (numpy slices of events sorted by step): the simulator builds Runs
+    of thousands of events on every slider move.
+    """
+    step = events["step"].to_numpy()
+    kind = events["kind"].to_numpy(dtype=object)
+    s = events["start_s"].to_numpy(dtype="float64")
+    e = events["end_s"].to_numpy(dtype="float64")
+    d = e - s
+    nb = events["bytes"].to_numpy()
+    is_comp, is_copy, is_wait = kind == "compute", kind == "copy", kind == "wait"
+    order = np.argsort(step, kind="stable")
+    sorted_steps = step[order]
     rows = []
     for b in bounds.itertuples(index=False):
-        ev = events[events["step"] == b.step]
-        comp = ev[ev["kind"] == "compute"]
-        copy = ev[ev["kind"] == "copy"]
-        waits = ev[ev["kind"] == "wait"]
-        ci = list(zip(comp["start_s"], comp["end_s"]))
-        ki = list(zip(copy["start_s"], copy["end_s"]))
-        copy_s = float(copy["dur_s"].sum())
-        overlap_s = _intersection_length(ki, ci) if ki and ci else 0.0
-        copy_union = _union_length(ki)
+        lo, hi = np.searchsorted(sorted_steps, [b.step, b.step + 1])
+        ix = order[lo:hi]
+        c, k, w = ix[is_comp[ix]], ix[is_copy[ix]], ix[is_wait[ix]]
+        cu, ku = _union(s[c], e[c]), _union(s[k], e[k])
+        both = _union(np.concatenate([s[c], s[k]]), np.concatenate([e[c], e[k]]))
+        overlap = cu + ku - both if len(c) and len(k) else 0.0
         rows.append({
-            "step": int(b.step),
-            "wall_s": float(b.end_s - b.start_s),
-            "compute_s": float(comp["dur_s"].sum()),
-            "copy_s": copy_s,
-            "stall_s": float(waits["dur_s"].sum()),
-            "exposed_copy_s": max(0.0, copy_union - overlap_s),
-            "overlap": (overlap_s / copy_union) if copy_union > 0 else float("nan"),
-            "bytes_moved": int(copy["bytes"].sum()),
+            "step": int(b.step), "wall_s": float(b.end_s - b.start_s),
+            "compute_s": float(d[c].sum()), "copy_s": float(d[k].sum()), "stall_s": float(d[w].sum()),
+            "exposed_copy_s": max(0.0, ku - overlap),
+            "overlap": (overlap / ku) if ku > 0 else float("nan"),
+            "bytes_moved": int(nb[k].sum()),
         })
     df = pd.DataFrame(rows, columns=STEP_COLUMNS)
     return df.astype({"step": "int64", "bytes_moved": "int64", "wall_s": "float64", "compute_s": "float64",
@@ -98,33 +107,34 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
                       "overlap": "float64"})
 
 
+
 def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.DataFrame:
     """One row per planned layer: the plan's placement plus medians over steps of its intervals."""
     base = plan_layers.reindex(columns=["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank"])
-    if len(events):
-        per_step = (
-            events.groupby(["group", "layer", "step", "kind"], observed=True)["dur_s"].sum()
-            .unstack("kind")
-            .reindex(columns=["copy", "compute", "wait"])
-            .fillna(0.0)
-        )
-        copy_bytes = events[events["kind"] == "copy"].groupby(["group", "layer", "step"])["bytes"].sum()
-        per_step["gbps"] = (copy_bytes.reindex(per_step.index).fillna(0) / per_step["copy"]
-                            .where(per_step["copy"] > 0) / 1e9)
-        med = per_step.groupby(level=["group", "layer"]).median()
-        med = med.rename(columns={"copy": "copy_s", "compute": "compute_s", "wait": "stall_s"}).reset_index()
-    else:
-        med = pd.DataFrame(columns=["group", "layer", "copy_s", "compute_s", "stall_s", "gbps"])
-    med = med.astype({"group": "string", "layer": "int64"})
     base = base.astype({"group": "string", "layer": "int64"})
-    out = base.merge(med[["group", "layer", "copy_s", "compute_s", "stall_s", "gbps"]],
-                     on=["group", "layer"], how="left")
+    if len(events):
+        gcode, guniq = pd.factorize(events["group"].to_numpy(dtype=object))
+        kind = events["kind"].to_numpy(dtype=object)
+        d = events["dur_s"].to_numpy(dtype="float64")
+        df = pd.DataFrame({
+            "g": gcode, "layer": events["layer"].to_numpy(), "step": events["step"].to_numpy(),
+            "copy_s": np.where(kind == "copy", d, 0.0), "compute_s": np.where(kind == "compute", d, 0.0),
+            "stall_s": np.where(kind == "wait", d, 0.0),
+            "cb": np.where(kind == "copy", events["bytes"].to_numpy(), 0),
+        })
+        per = df.groupby(["g", "layer", "step"], sort=False).sum()
+        per["gbps"] = per["cb"] / per["copy_s"].where(per["copy_s"] > 0) / 1e9
+        med = per.drop(columns="cb").groupby(level=["g", "layer"], sort=False).median().reset_index()
+        med.insert(0, "group", pd.array(np.asarray(guniq, dtype=object)[med.pop("g").to_numpy()], dtype="string"))
+        med = med.astype({"layer": "int64"})
+    else:
+        med = pd.DataFrame({"group": pd.array([], dtype="string"), "layer": np.array([], dtype="int64"),
+                            "copy_s": [], "compute_s": [], "stall_s": [], "gbps": []})
+    out = base.merge(med[["group", "layer", "copy_s", "compute_s", "stall_s", "gbps"]], on=["group", "layer"], how="left")
     out[["copy_s", "compute_s", "stall_s"]] = out[["copy_s", "compute_s", "stall_s"]].astype("float64").fillna(0.0)
     out["gbps"] = out["gbps"].astype("float64")
-    return out.astype({
-        "tier": "string", "bytes": "int64", "mapped_bytes": "int64", "streamed": "bool",
-        "pin_rank": "Int64",
-    })[LAYER_COLUMNS]
+    return out.astype({"tier": "string", "bytes": "int64", "mapped_bytes": "int64", "streamed": "bool",
+                       "pin_rank": "Int64"})[LAYER_COLUMNS]
 
 
 def _jsonable(obj: Any) -> Any:

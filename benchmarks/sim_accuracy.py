@@ -1,0 +1,121 @@
+"""How well the simulator predicts measured runs: fresh CPU measurements, predicted vs measured.
+
+    .venv/bin/python benchmarks/sim_accuracy.py [--rounds 5] [--source mixed-p1] [--runs DIR]
+
+Measures the fixture model of ``scripts/record_sim_fixtures.py`` live under every fixture plan
+(pinned / pageable / mixed tiers, prefetch 0-2, resident layers; each plan's typical run of ``--rounds``
+interleaved rounds), then prints per plan:
+
+* ``parts``: the run's median step predicted from a profile calibrated on that same run with
+  ``match_steps=False``: bandwidths, compute, hooks and hand-offs alone, nothing fitted to the
+  step time itself;
+* ``self``: the same with the default calibration, whose per-step head absorbs what the parts
+  miss (so it reproduces its own run; the column shows that it does);
+* ``cross``: predicted by a profile calibrated on the ``--source`` run (``mixed-p1`` holds both
+  pinned and pageable copies, so it can predict every plan);
+* ``all``: predicted by one profile calibrated on all the runs together (which can fit the
+  copy/compute contention of the CPU from the prefetch-0 vs prefetch-1 contrast).
+
+``--runs DIR`` reads saved runs instead of measuring: a fixture directory (with its
+``manifest.json``), or any directory of ``*.zip`` runs, e.g. the ``runs/`` that
+``scripts/gpu_check.py`` writes on a GPU (plans rebuilt with ``sim.plan_of_run``; ``--source``
+is then a run's label or file name). Nothing here is a test: CPU timings on a shared machine
+move with the neighbours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--source", default="mixed-p1",
+                    help="the run that calibrates the 'cross' column (a fixture plan name, or a label)")
+    ap.add_argument("--runs", help="a directory of saved runs with a manifest.json (default: measure now)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    import pandas as pd
+    from record_sim_fixtures import build_model, load_plan, make_plans, measure
+
+    from offload_lab import sim
+    from offload_lab.timeline import Run
+
+    if args.runs and (Path(args.runs) / "manifest.json").exists():
+        d = Path(args.runs)
+        manifest = json.loads((d / "manifest.json").read_text())
+        runs = {n: Run.load(d / v["file"]) for n, v in manifest["runs"].items()}
+        plans = {n: load_plan(manifest, n) for n in runs}
+        where = f"saved runs in {d}"
+    elif args.runs:
+        d = Path(args.runs)
+        runs = {}
+        for f in sorted(d.glob("*.zip")):
+            run = Run.load(f)
+            runs[f.stem if run.label in runs or args.source == f.stem else run.label] = run
+        if not runs:
+            ap.error(f"no saved runs (*.zip) in {d}")
+        if args.source not in runs:
+            # default: the first run that copied from both pinned and pageable memory
+            both = [n for n, r in runs.items() if {"pinned", "pageable"} <= set(r.events["tier"])]
+            args.source = (both or list(runs))[0]
+        plans = {n: sim.plan_of_run(r)[1] for n, r in runs.items()}
+        where = f"saved runs in {d} (plans rebuilt from each run)"
+    else:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        model, inputs, spec = build_model()
+        plans = make_plans(spec)
+        runs = measure(model, inputs, plans, args.rounds, log=lambda *_: None)
+        where = f"fresh cpu runs (typical of {args.rounds} rounds, {args.threads} torch thread(s))"
+    if args.source not in runs:
+        ap.error(f"--source {args.source!r} is not one of {sorted(runs)}")
+    by_model: dict = {}
+    for r in runs.values():
+        by_model.setdefault(r.meta.get("model"), []).append(r)
+
+    def predict(profile, plan, steps: int) -> float:
+        try:
+            return sim.simulate(plan.spec, plan, profile, steps=steps).step_time
+        except sim.ProfileError:
+            return float("nan")  # the profile lacks a tier this plan uses
+
+    cross = sim.calibrate(runs[args.source])
+    # one joint profile per model (calibrate takes runs of one model)
+    joint = {m: sim.calibrate(rs) for m, rs in by_model.items()}
+    rows = []
+    for name, run in runs.items():
+        plan, steps, measured = plans[name], len(run.steps), run.step_time
+        same = run.meta.get("model") == runs[args.source].meta.get("model")
+        pp, s, c, a = (predict(p, plan, steps) if p is not None else float("nan")
+                       for p in (sim.calibrate(run, match_steps=False), sim.calibrate(run),
+                                 cross if same else None, joint[run.meta.get("model")]))
+        rows.append({"plan": name, "measured_ms": measured * 1e3, "parts_ms": pp * 1e3,
+                     "parts_err": pp / measured - 1, "self_ms": s * 1e3,
+                     "self_err": s / measured - 1, "cross_ms": c * 1e3, "cross_err": c / measured - 1,
+                     "all_ms": a * 1e3, "all_err": a / measured - 1})
+    table = pd.DataFrame(rows)
+    fmt = {c: (lambda x: f"{x:+.1%}") for c in table.columns if c.endswith("_err")}
+    print(f"simulator vs measured, {where}")
+    j = joint[runs[args.source].meta.get("model")]
+    print(f"cross = calibrated on {args.source!r}; all = calibrated on every run of the model "
+          f"(contention {j.contention:.2f}, {j.provenance['contention']})")
+    print(table.to_string(index=False, formatters=fmt, float_format=lambda x: f"{x:.2f}"))
+    for col in ("parts_err", "self_err", "cross_err", "all_err"):
+        e = table[col].abs().dropna()
+        print(f"  {col:9s} median |error| {e.median():.1%}, worst {e.max():.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
