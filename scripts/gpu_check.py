@@ -85,7 +85,7 @@ def smoke(dev, log=print) -> dict:
         for tier, p in cases + [("mapped", 1)]:
             m = mapped if tier == "mapped" else model
             sp = offload_lab.spec_of(m)
-            plan = (offload_lab.plan(sp, resident=1.0, host=host) if tier == "resident"
+            plan = (offload_lab.plan(sp, resident=sp.groups[0].num_layers, host=host) if tier == "resident"
                     else offload_lab.plan(sp, tier=tier, prefetch=p, host=host))
             with offload_lab.offload(m, plan, backend="cuda") as mgr, torch.no_grad():
                 outs = []
@@ -115,15 +115,73 @@ def smoke(dev, log=print) -> dict:
     return results
 
 
+def trace_check(dev, out: Path, log=print) -> dict:
+    """A real CUDA torch.profiler trace of offloaded steps, read back by from_torch_profiler.
+
+    Each block is bracketed by a ``record_function("blocks.<i>")`` label (as a user would add),
+    the model runs under the manager with half its layers pinned and half pageable, and the
+    imported trace must show the same copies per tier and bytes per step as the manager's own Run.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, record_function, schedule
+
+    import offload_lab
+    from offload_lab import HostMemory, catalog, synthetic
+
+    scale, tokens = (1.0, 2048) if dev.type == "cuda" else (0.1, 64)  # a cpu dry run stays small
+    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=scale, layers=6, dtype=torch.bfloat16)
+    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in synthetic.example_inputs(model, tokens=tokens).items()}
+    spec = offload_lab.spec_of(model)
+    full = offload_lab.plan(spec, host=HostMemory(available="64GiB"))
+    half = int(full.layers["bytes"].iloc[0]) * 3
+    plan = offload_lab.plan(spec, pin_budget=half, prefetch=1, host=HostMemory(available="64GiB"))
+    labels = []
+    for i, block in enumerate(model.blocks):
+        def pre(m, a, i=i):
+            labels.append(record_function(f"blocks.{i}"))
+            labels[-1].__enter__()
+
+        def post(m, a, o):
+            labels.pop().__exit__(None, None, None)
+        block.register_forward_pre_hook(pre)
+        block.register_forward_hook(post)
+    path = out / "h200_offload_trace.json"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with offload_lab.offload(model, plan, backend=dev.type) as mgr, torch.no_grad():
+        with torch.profiler.profile(activities=activities,
+                                    schedule=schedule(wait=0, warmup=1, active=2, repeat=1)) as prof:
+            for _ in range(3):
+                with mgr.step():
+                    model(**inputs)
+                prof.step()
+        own = mgr.build_run(warmup=1)
+    prof.export_chrome_trace(str(path))
+    run = offload_lab.from_torch_profiler(path, label="torch.profiler trace")
+    got = run.events[run.events["kind"] == "copy"].groupby("tier")["bytes"].agg(["count", "sum"])
+    mine = own.events[own.events["kind"] == "copy"].groupby("tier")["bytes"].agg(["count", "sum"])
+    log(f"  trace: {path.stat().st_size / 2**20:.1f} MiB, copies by tier from the trace:\n{got}\n"
+        f"  the manager's own run:\n{mine}")
+    import gzip
+    import shutil
+    with open(path, "rb") as f, gzip.open(str(path) + ".gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    path.unlink()
+    return {"trace_copies": {t: [int(r["count"]), int(r["sum"])] for t, r in got.iterrows()},
+            "own_copies": {t: [int(r["count"]), int(r["sum"])] for t, r in mine.iterrows()},
+            "trace_steps": len(run.steps), "own_steps": len(own.steps)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for the runs, comparison and log")
-    ap.add_argument("--budget-s", type=float, default=420.0,
-                    help="skip remaining configurations once this many seconds have passed (default 420)")
+    ap.add_argument("--budget-s", type=float, default=360.0,
+                    help="skip remaining configurations once this many seconds have passed (default 360)")
     ap.add_argument("--steps", type=int, default=2, help="measured steps per run (default 2)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
+    ap.add_argument("--stage", choices=("all", "main", "extras"), default="all",
+                    help="main: smoke + measured runs; extras: the torch.profiler trace check (default all)")
     args = ap.parse_args(argv)
 
     import torch
@@ -141,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs_dir = out / "runs"
-    runs_dir.mkdir(exist_ok=True)
+    # runs are bundled into one tar: the device tool returns at most 8 files
+    runs_dir = Path(tempfile.mkdtemp(prefix="gpu_runs_"))
     t_start = time.perf_counter()
     runs: list = []
     rows: list[dict] = []
@@ -194,6 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         bundle()
 
     inputs_tokens = [args.tokens]
+    import json
+
+    if args.stage in ("all", "extras"):
+        try:
+            res = trace_check(dev, out, log=lambda m: print(m, flush=True))
+            (out / "trace_check.json").write_text(json.dumps(res, indent=1))
+        except Exception:
+            print(f"  FAILED trace check:\n{traceback.format_exc()}", flush=True)
+        if args.stage == "extras":
+            return 0
 
     # -- Wan2.1 T2V-1.3B, full width, bf16 ------------------------------------------------------
     spec13 = catalog.load("wan2.1-t2v-1.3b")
@@ -208,15 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     def mk(**kw):
         return offload_lab.plan(spec, host=big_host, **kw)
 
-    import json
-
     try:
         res = smoke(dev, log=lambda m: print(m, flush=True))
         (out / "smoke.json").write_text(json.dumps(res, indent=1))
     except Exception:
         print(f"  FAILED smoke:\n{traceback.format_exc()}", flush=True)
 
-    measure("1.3B resident (no offload)", model, inputs, mk(resident=1.0))
+    measure("1.3B resident (no offload)", model, inputs, mk(resident=spec.groups[0].num_layers))
     measure("1.3B pinned p1", model, inputs, mk(tier="pinned", prefetch=1))
     measure("1.3B pageable p1", model, inputs, mk(tier="pageable", prefetch=1))
     measure("1.3B pinned p0", model, inputs, mk(tier="pinned", prefetch=0))
@@ -266,26 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         table = pd.DataFrame(rows)
         table["ratio"] = table["step_s"] / table["step_s"].iloc[0]
         print("\n" + table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    # the simulator, calibrated on one measured run, predicting the others
+    # the simulator, calibrated on measured runs, predicting the others (see sim_accuracy.py)
     try:
-        acc = []
-        base = next(r for r in runs if r.label == "1.3B pinned p1")
-        prof = offload_lab.calibrate(base)
-        for r in runs:
-            if r.meta["model"] != base.meta["model"] or r.meta.get("gpu_check", {}).get("tokens") != args.tokens:
-                continue
-            from offload_lab.plan import Plan
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        import sim_accuracy
 
-            plan = Plan.from_dict(r.meta["plan_full"]) if "plan_full" in r.meta else None
-            if plan is None:
-                continue
-            sim = offload_lab.simulate(plan.spec, plan, prof, steps=args.steps)
-            acc.append({"label": r.label, "measured_s": r.step_time, "simulated_s": sim.step_time,
-                        "error": sim.step_time / r.step_time - 1})
-        if acc:
-            pd.DataFrame(acc).to_csv(out / "sim_accuracy.csv", index=False)
-            print("\nsimulated (calibrated on '1.3B pinned p1') vs measured:\n"
-                  + pd.DataFrame(acc).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        sim_accuracy.main(["--runs", str(runs_dir), "--source", "1.3B half pin budget p1"])
     except Exception:
         print(f"sim accuracy skipped:\n{traceback.format_exc()}", flush=True)
     print(f"gpu_check: {len(runs)} runs in {elapsed():.1f} s -> {out}", flush=True)

@@ -352,7 +352,10 @@ class OffloadManager:
         def work(non_blocking: bool) -> None:
             store.copy_into(ticket.bufs, non_blocking=non_blocking)
 
-        self._backend.issue(ticket, work, blocking=store.tier != "pinned")
+        # a profiler trace then credits the copy to the layer it carries, not to the layer
+        # whose pre-hook issued it (prefetch runs one layer ahead)
+        with torch.profiler.record_function(f"offload_lab.copy {g.name}.{i}"):
+            self._backend.issue(ticket, work, blocking=store.tier != "pinned")
         g.in_flight[i] = ticket
         return ticket
 
