@@ -20,6 +20,7 @@ from .stores import LayerStore
 
 _ACTIVE: weakref.WeakSet = weakref.WeakSet()
 INIT_STRATEGIES = ("grouped", "naive")
+MEMORY_SAMPLE_S = 0.002
 BACKENDS = ("auto", "cuda", "cpu")
 
 
@@ -103,6 +104,7 @@ class OffloadManager:
         self._init_peak = 0
         self._entered = False
         self._meta: dict[str, Any] = {}
+        self._last_sample = float("-inf")
 
     # -- plan ↔ model ----------------------------------------------------------------------------
     @staticmethod
@@ -209,7 +211,7 @@ class OffloadManager:
         tiers = [self._tier(g.name, i) for g in self._groups for i in range(len(g.blocks))]
         self._meta["label"] = self.label or f"{_tiers_label(tiers)}, prefetch {self.plan.prefetch}"
         self._install_hooks()
-        self._sample_memory()
+        self._sample_memory(force=True)
 
     def _restore(self) -> None:
         """Put the model back exactly as it was; free pinned memory; stop copy threads."""
@@ -425,17 +427,24 @@ class OffloadManager:
             yield self
         finally:
             end = self._backend.end_step()
+            if self.record_memory:
+                self._sample_memory(force=True)
             self._bounds.append({"step": self._step, "start": start, "end": end})
             self._steps_done += 1
             self._step = None
 
     # -- memory -----------------------------------------------------------------------------------------
-    def _sample_memory(self) -> None:
+    def _sample_memory(self, force: bool = False) -> None:
+        # reading /proc costs ~100 µs: at most one sample per MEMORY_SAMPLE_S between steps
+        now = self._backend.now()
+        if not force and now - self._last_sample < MEMORY_SAMPLE_S:
+            return
+        self._last_sample = now
         pm = process_memory()
         dev = (torch.cuda.memory_allocated(self.device) - self._cuda_base
                if self.backend_name == "cuda" else self._device_ledger)
         self._memory.append({
-            "t_s": self._backend.host_to_device_time(self._backend.now()),
+            "t_s": self._backend.host_to_device_time(now),
             "device_bytes": int(dev),
             "pinned_bytes": int(sum(s.pinned_bytes for s in self._stores.values())),
             "anon_bytes": int(pm["anon_bytes"]),
