@@ -193,19 +193,19 @@ def _strided_resident(n: int, k: int) -> list[int]:
 def _count_of(value: Any, n: int, group: str, what: str) -> int | None:
     """A count or fraction for a group of n layers; None when ``value`` is not one."""
     if isinstance(value, bool):
-        raise PlanError(f"{what} {value!r} is a bool; expected a count, a fraction in (0, 1) "
+        raise PlanError(f"{what} {value!r} is a bool; expected a count, a fraction in (0, 1] "
                         f"or layer ids")
     if isinstance(value, int):
         if value < 0:
             raise PlanError(f"{what} {value!r} is negative; expected a count 0..{n}, a fraction "
-                            f"in (0, 1) or layer ids")
+                            f"in (0, 1] or layer ids")
         return value
     if isinstance(value, float):
         if value == 0:
             return 0
-        if not 0 < value < 1:
+        if not 0 < value <= 1:
             raise PlanError(
-                f"{what} {value!r} is not a fraction in (0, 1); write a count as an int "
+                f"{what} {value!r} is not a fraction in (0, 1]; write a count as an int "
                 f"(0..{n}) or list layer ids"
             )
         return int(round(value * n))
@@ -217,7 +217,7 @@ def _resident_sets(
 ) -> dict[str, tuple[set[int], str]]:
     """{group: (resident indices, how)} where ``how`` reads like ``"leading 35 of 50"``."""
     out: dict[str, tuple[set[int], str]] = {g.name: (set(), "") for g in spec.groups}
-    accepted = ("a count, a fraction in (0, 1), layer ids (3 or 'blocks.3'), or a dict "
+    accepted = ("a count, a fraction in (0, 1], layer ids (3 or 'blocks.3'), or a dict "
                 "{group: count | fraction | indices}")
     if resident is None:
         return out
@@ -826,7 +826,7 @@ def plan(
     - ``pin_budget``: bytes or a size string; ``None`` = everything the host can spend. The
       budget used is ``min(pin_budget, host.spendable)``.
     - ``resident``: layers kept on the device — a count (applied to each group, capped at its
-      size; an error when larger than every group), a fraction in (0, 1) of each group, layer
+      size; an error when larger than every group), a fraction in (0, 1] of each group (1.0 = all), layer
       ids (``[0, 1]`` for single-group models, ``["blocks.0"]``), or ``{group: any of those}``.
     - ``residency``: ``"leading"`` (first k) or ``"strided"`` (the streamed layers spread evenly).
     - ``order``: who gets pins first among streamed layers — ``"execution"``, ``"reverse"``,

@@ -630,8 +630,7 @@ def test_bad_pin_budgets(budget, words):
     ({"prefetch": 1.5}, ["prefetch 1.5"]),
     ({"resident": 5}, ["resident 5", "4 layers", "0..4"]),
     ({"resident": -1}, ["resident -1", "negative"]),
-    ({"resident": 1.0}, ["resident 1.0", "(0, 1)"]),
-    ({"resident": 1.5}, ["resident 1.5", "(0, 1)"]),
+    ({"resident": 1.5}, ["resident 1.5", "(0, 1]"]),
     ({"resident": True}, ["resident True", "bool"]),
     ({"resident": "half"}, ["resident 'half'", "a count, a fraction"]),
     ({"resident": [9]}, ["resident entry 9", "0..3"]),
@@ -745,3 +744,8 @@ def _is_na(v) -> bool:
     import pandas as pd
 
     return v is None or v is pd.NA or (isinstance(v, float) and pd.isna(v))
+
+
+def test_resident_fraction_one_means_every_layer():
+    p = plan(SPEC, host=BIG, resident=1.0)
+    assert not p.layers["streamed"].any() and set(p.layers["tier"]) == {"resident"}
