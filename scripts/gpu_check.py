@@ -171,6 +171,46 @@ def trace_check(dev, out: Path, log=print) -> dict:
             "trace_steps": len(run.steps), "own_steps": len(own.steps)}
 
 
+def diffusers_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, layers: int | None = None,
+                    log=print) -> list:
+    """diffusers' group offloading (block level, with streams) observed by ``observe()``, beside
+    offload-lab's own all-pinned prefetch-1 run of the same model and inputs. Needs diffusers."""
+    import torch
+    from diffusers.hooks import apply_group_offloading
+
+    import offload_lab
+    from offload_lab import HostMemory, catalog, synthetic
+
+    spec13 = catalog.load("wan2.1-t2v-1.3b")
+    kw = {"layers": layers} if layers else {}
+    model = fast_build(spec13, dev, **kw) if dev.type == "cuda" else synthetic.build(
+        spec13, scale=0.05, dtype=torch.bfloat16, **kw)
+    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v)
+              for k, v in synthetic.example_inputs(model, tokens=tokens).items()}
+    spec = offload_lab.spec_of(model, name=spec13.name)
+    ours = offload_lab.profile(model, lambda: model(**inputs),
+                               offload_lab.plan(spec, tier="pinned", prefetch=1, host=HostMemory(available="64GiB")),
+                               steps=steps, warmup=warmup, backend=dev.type, label="offload-lab pinned p1")
+    apply_group_offloading(model, onload_device=dev, offload_device=torch.device("cpu"),
+                           offload_type="block_level", num_blocks_per_group=1,
+                           use_stream=dev.type == "cuda")
+    # diffusers makes every ModuleList/Sequential a block group, onloaded only when that module's
+    # forward is called; the synthetic DiT reads its small Sequentials' weights directly, so keep
+    # those (non-layer, a few MiB) on the device, as offload-lab does with non-layer weights
+    for name, child in model.named_children():
+        if name != "blocks" and isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            child.to(dev)
+    with offload_lab.observe(model, label="diffusers group offload (block_level, stream)") as obs, torch.no_grad():
+        for _ in range(steps + warmup):
+            with obs.step():
+                model(**inputs)
+    theirs = obs.build_run(warmup=warmup)
+    for r in (ours, theirs):
+        r.meta["gpu_check"] = {"tokens": tokens, "machine": "lent H200 (device tool)"}
+    log("  diffusers vs offload-lab:\n" + offload_lab.compare([ours, theirs]).to_string())
+    return [ours, theirs]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for the runs, comparison and log")
@@ -180,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
-    ap.add_argument("--stage", choices=("all", "main", "extras"), default="all",
-                    help="main: smoke + measured runs; extras: the torch.profiler trace check (default all)")
+    ap.add_argument("--stage", choices=("all", "main", "extras", "diffusers"), default="all",
+                    help="main: smoke + measured runs; extras: the torch.profiler trace check; "
+                         "diffusers: its group offloading observed beside ours, if diffusers is installed "
+                         "(default all)")
     args = ap.parse_args(argv)
 
     import torch
@@ -261,6 +303,21 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             print(f"  FAILED trace check:\n{traceback.format_exc()}", flush=True)
         if args.stage == "extras":
+            return 0
+    if args.stage in ("all", "diffusers"):
+        try:
+            import diffusers  # noqa: F401
+
+            for r in diffusers_check(dev, steps=args.steps, warmup=args.warmup, tokens=args.tokens,
+                                     log=lambda m: print(m, flush=True)):
+                runs.append(r)
+                r.save(runs_dir / f"{len(runs):02d}-{r.label.split(' (')[0].replace(' ', '_')}.zip")
+            bundle()
+        except ImportError:
+            print("  diffusers is not installed here: its group offloading is not measured", flush=True)
+        except Exception:
+            print(f"  FAILED diffusers check:\n{traceback.format_exc()}", flush=True)
+        if args.stage == "diffusers":
             return 0
 
     # -- Wan2.1 T2V-1.3B, full width, bf16 ------------------------------------------------------
