@@ -1,0 +1,538 @@
+"""``%offload_profile``: profile a statement under layer-wise offload from a notebook cell.
+
+``%load_ext offload_lab`` registers one magic that works as a line and as a cell magic::
+
+    %offload_profile [options] MODEL STATEMENT      # STATEMENT is one step
+    %%offload_profile [options] MODEL               # the cell body is one step
+    ...
+
+``MODEL`` is an expression naming a ``torch.nn.Module`` in the notebook (``model``,
+``pipe.transformer``); the plan is made from it with this machine's host memory. The magic
+displays a summary table and the timeline as one bundle with ``text/html`` and
+``text/plain``; ``-o`` returns the Run (a list of Runs with ``--compare``), ``-q`` displays
+nothing. Ctrl-C stops the profile: the model is restored and nothing is recorded. An error in
+the statement is shown as the user's own traceback (no toolkit frames) and fails the cell.
+
+>>> from IPython.testing.globalipapp import start_ipython            # doctest: +SKIP
+>>> ip = start_ipython(); ip.run_line_magic("load_ext", "offload_lab")  # doctest: +SKIP
+>>> run = ip.run_line_magic("offload_profile", "-q -o -n 2 model model(**inputs)")  # doctest: +SKIP
+
+This module imports IPython (it only runs inside one) but neither plotly nor ipywidgets at
+import time; figures are built when a result is displayed.
+"""
+
+from __future__ import annotations
+
+import html
+import linecache
+import os
+import re
+import types
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from torch import nn
+
+    from .plan import Plan
+    from .spec import ModelSpec
+    from .timeline import Run
+
+__all__ = ["OffloadMagics", "load_ipython_extension", "figure_html", "figure_bundle",
+           "spec_for_model", "summary_bundle", "comparison_frame", "user_traceback",
+           "MagicArgumentError"]
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
+_CPU_NOTE = ("cpu backend: there is no DMA engine and no page-locking on a CPU, so pinned, pageable "
+             "and mapped runs take about the same time here; the pinned-vs-pageable difference is "
+             "measured on a GPU (or predicted by offload_lab.simulate on a device profile).")
+_PLOTLYJS_SENT = False  # plotly.js is inlined once per kernel process, see figure_html()
+
+
+class MagicArgumentError(UsageError, ValueError):
+    """A bad option value for ``%offload_profile``; IPython shows it as a one-line usage error.
+
+    >>> MagicArgumentError("--steps 0 is below 1")._render_traceback_()
+    ['UsageError: --steps 0 is below 1']
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython prints only exact UsageErrors on one line; a subclass asks for it this way
+        return [f"UsageError: {self}"]
+
+
+# -- figures in notebook outputs ------------------------------------------------------------------
+def _plotlyjs_loaded() -> bool:
+    """Whether this process already put plotly.js into the notebook page."""
+    if _PLOTLYJS_SENT:
+        return True
+    try:
+        import plotly.io as pio
+    except ImportError:
+        return False
+    # plotly's "notebook" renderer inlines plotly.js once, when it becomes the default renderer
+    return "notebook" in str(pio.renderers.default).split("+")
+
+
+def figure_html(fig: Any, div_id: str | None = None, plotlyjs: bool | None = None) -> str:
+    """A figure as an HTML fragment that survives ``jupyter nbconvert --to html``.
+
+    plotly ≥ 6.1 renders figures in a kernel as ``application/vnd.plotly.v1+json`` only, which
+    nbconvert's HTML drops; this fragment carries the figure as a ``<div>`` plus script.
+    ``plotlyjs``: inline plotly.js (≈ 4.8 MB) in the fragment; ``None`` (default) inlines it in
+    the first fragment of a process only — unless plotly's ``notebook`` renderer already put it
+    in the page — so an exported notebook works offline without carrying it twice.
+
+    >>> import plotly.graph_objects as go
+    >>> "plotly-graph-div" in figure_html(go.Figure(), plotlyjs=False)
+    True
+    """
+    global _PLOTLYJS_SENT
+    include = (not _plotlyjs_loaded()) if plotlyjs is None else bool(plotlyjs)
+    out = fig.to_html(include_plotlyjs=include, full_html=False, validate=False, div_id=div_id,
+                      default_width="100%", default_height=f"{fig.layout.height or 420}px",
+                      config={"displaylogo": False, "responsive": True})
+    _PLOTLYJS_SENT = _PLOTLYJS_SENT or include
+    return out
+
+
+def figure_bundle(fig: Any, plotlyjs: bool | None = None) -> dict[str, Any]:
+    """A display bundle with the plotly mimetype (live JupyterLab) and ``text/html`` (export).
+
+    ``plotlyjs`` is passed to :func:`figure_html`.
+
+    >>> import plotly.graph_objects as go
+    >>> sorted(figure_bundle(go.Figure(), plotlyjs=False))
+    ['application/vnd.plotly.v1+json', 'text/html', 'text/plain']
+    """
+    import plotly.io as pio
+
+    bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_plotly_json()))
+    bundle["text/html"] = figure_html(fig, plotlyjs=plotlyjs)
+    title = getattr(getattr(fig.layout, "title", None), "text", None) or "figure"
+    bundle["text/plain"] = f"<plotly figure: {re.sub(r'<[^>]+>', ' ', str(title)).strip()}>"
+    return bundle
+
+
+# -- models and specs -----------------------------------------------------------------------------
+def spec_for_model(model: nn.Module) -> ModelSpec:
+    """The spec of a live module; synthetic models keep their catalog name and ``meta``.
+
+    >>> from offload_lab import catalog, synthetic
+    >>> spec_for_model(synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=2)).name
+    'wan2.1-t2v-1.3b'
+    """
+    if hasattr(model, "offload_spec_meta"):
+        from . import synthetic
+
+        # the meta (token counts, dims) lets the simulator and FLOPs model read the model
+        return synthetic.spec_of(model)
+    from .spec import spec_of
+
+    return spec_of(model)
+
+
+# -- option parsing -------------------------------------------------------------------------------
+_QUOTED = re.compile(r"""\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\S+)""")
+
+
+def _tokens(text: str) -> list[tuple[str, int]]:
+    """Whitespace-separated tokens (quotes kept together and removed) with their end offsets."""
+    out, pos = [], 0
+    while True:
+        m = _QUOTED.match(text, pos)
+        if not m:
+            return out
+        tok = m.group(1)
+        if len(tok) >= 2 and tok[0] == tok[-1] and tok[0] in "'\"":
+            tok = tok[1:-1]
+        out.append((tok, m.end()))
+        pos = m.end()
+
+
+def _split_line(parser: Any, line: str) -> tuple[list[str], str, str]:
+    """``[options] MODEL REST`` → (option tokens, MODEL, REST exactly as typed).
+
+    The statement is not tokenised: its quotes and spacing must reach Python untouched.
+    """
+    toks = _tokens(line)
+    opts: list[str] = []
+    i = 0
+    while i < len(toks) and toks[i][0].startswith("-") and toks[i][0] != "-":
+        tok = toks[i][0]
+        opts.append(tok)
+        if tok.startswith("--"):
+            name, attached = tok.split("=", 1)[0], "=" in tok
+        else:
+            name, attached = tok[:2], len(tok) > 2  # -b8GiB, or flags run together as -oq
+        action = parser._option_string_actions.get(name)
+        if action is None:
+            known = sorted(o for o in parser._option_string_actions if o.startswith("-"))
+            raise MagicArgumentError(f"option {tok!r} is not known; accepted: {', '.join(known)}")
+        if action.nargs != 0 and not attached:
+            if i + 1 >= len(toks):
+                raise MagicArgumentError(f"option {tok} needs a value; see %offload_profile?")
+            opts.append(toks[i + 1][0])
+            i += 1
+        i += 1
+    if i >= len(toks):
+        raise MagicArgumentError(
+            "MODEL is missing: write %offload_profile [options] MODEL STATEMENT (line) or "
+            "%%offload_profile [options] MODEL (cell); see %offload_profile?")
+    model = toks[i][0]
+    rest = line[toks[i][1]:].strip()
+    return opts, model, rest
+
+
+def _resident_value(text: str | None) -> Any:
+    if text is None:
+        return 0
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if len(items) == 1:
+        s = items[0]
+        if re.fullmatch(r"\d+", s):
+            return int(s)
+        if re.fullmatch(r"\d*\.\d+", s):
+            return float(s)
+    if not items:
+        raise MagicArgumentError(f"--resident {text!r} is empty; accepted: a count (35), a fraction "
+                                 f"(0.5) or layer ids (0,1,2 or blocks.0,blocks.1)")
+    return [int(s) if s.isdigit() else s for s in items]
+
+
+def _order_value(text: str) -> Any:
+    from .plan import ORDERS
+
+    if text in ORDERS:
+        return text
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(re.fullmatch(r"\d+|[\w.]+\.\d+", s) for s in items):
+        raise MagicArgumentError(f"--order {text!r} is not one of {', '.join(ORDERS)} or a "
+                                 f"comma-separated list of layer ids such as 3,1,0")
+    return [int(s) if s.isdigit() else s for s in items]
+
+
+def _tiers_value(text: str | None) -> list[str]:
+    from .plan import FORCED_TIERS
+
+    if text is None:
+        return []
+    tiers = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in tiers if t not in FORCED_TIERS]
+    if bad or len(tiers) < 1:
+        raise MagicArgumentError(f"--compare {text!r}: {bad or 'no tiers'} not accepted; expected a "
+                                 f"comma-separated list of {', '.join(FORCED_TIERS)} "
+                                 f"(e.g. pinned,pageable)")
+    if len(set(tiers)) != len(tiers):
+        raise MagicArgumentError(f"--compare {text!r} lists a tier twice; expected each at most once")
+    return tiers
+
+
+# -- tracebacks -----------------------------------------------------------------------------------
+def _is_toolkit(frame: types.FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+
+
+def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback without offload-lab's own frames (the innermost frame is always kept).
+
+    Frames of the profiler (the step loop, hooks) sit between the notebook and the user's code;
+    a user debugging their statement should not read through them.
+
+    >>> import sys
+    >>> try:
+    ...     1 / 0
+    ... except ZeroDivisionError:
+    ...     tb = user_traceback(sys.exc_info()[2])
+    >>> tb.tb_next is None
+    True
+    """
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    keep = [t for t in frames[:-1] if not _is_toolkit(t.tb_frame)] + frames[-1:]
+    out = None
+    for t in reversed(keep):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _raised_in(tb: types.TracebackType | None, filenames: set[str]) -> bool:
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in filenames:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+# -- summary display ------------------------------------------------------------------------------
+def comparison_frame(runs: list[Run]) -> pd.DataFrame:
+    """:func:`offload_lab.compare` formatted for reading: seconds, ratios and percentages.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> list(comparison_frame([offload_lab.simulate(spec, p, "h200", steps=1)]).columns)[:4]
+    ['run', 'backend', 'tiers', 'step']
+    """
+    import pandas as pd
+
+    from .analysis import compare
+    from .viz import fmt_ratio, fmt_seconds
+
+    df = compare(runs)
+
+    def pct(x: float) -> str:
+        return "–" if x != x else f"{100 * x:.0f} %"
+
+    return pd.DataFrame({
+        "run": df["label"].astype(str),
+        "backend": [f"{b} (simulated)" if s else str(b) for b, s in zip(df["backend"], df["simulated"])],
+        "tiers": df["tiers"].astype(str),
+        "step": [fmt_seconds(x) for x in df["step_s"]],
+        "ratio": [fmt_ratio(x) for x in df["ratio"]],
+        "stall": [fmt_seconds(x) for x in df["stall_s"]],
+        "exposed copy": [fmt_seconds(x) for x in df["exposed_copy_s"]],
+        "overlap": [pct(x) for x in df["overlap"]],
+    })
+
+
+def summary_bundle(runs: list[Run], figures: bool = True, title: str | None = None) -> dict[str, str]:
+    """The ``text/plain`` + ``text/html`` bundle the magic displays for ``runs``.
+
+    ``text/html`` holds the comparison table, the step-time bars (several runs) and each run's
+    timeline; ``text/plain`` holds the table.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> b = summary_bundle([offload_lab.simulate(spec, p, "h200", steps=1)], figures=False)
+    >>> sorted(b), "simulated" in b["text/plain"]
+    (['text/html', 'text/plain'], True)
+    """
+    from . import viz
+
+    table = comparison_frame(runs)
+    head = title or ("offload_profile: " + (runs[0].meta.get("model") or "model"))
+    notes = []
+    if any(r.backend == "cpu" for r in runs) and len(runs) > 1:
+        notes.append(_CPU_NOTE)
+    if any(r.simulated for r in runs):
+        notes.append("rows marked (simulated) are predictions of the simulator, not measurements")
+    plain = head + "\n" + table.to_string(index=False) + "".join(f"\nnote: {n}" for n in notes)
+    parts = [f"<div class=\"offload-profile\"><p><b>{html.escape(head)}</b></p>",
+             table.to_html(index=False, escape=True, border=0)]
+    parts += [f"<p style=\"color:#667085\">{html.escape(n)}</p>" for n in notes]
+    if figures:
+        if len(runs) > 1:
+            parts.append(figure_html(viz.step_times(runs)))
+        for r in runs:
+            parts.append(figure_html(viz.timeline(r)))
+    parts.append("</div>")
+    return {"text/plain": plain, "text/html": "".join(parts)}
+
+
+# -- the magic --------------------------------------------------------------------------------------
+@magics_class
+class OffloadMagics(Magics):
+    """Holds ``%offload_profile``; registered by ``%load_ext offload_lab``."""
+
+    @magic_arguments()
+    @argument("-b", "--pin-budget", metavar="SIZE", default=None,
+              help="pin budget such as 8GiB, 512MiB or 8e9 (default: all this host can spend)")
+    @argument("-p", "--prefetch", type=int, default=1, metavar="N",
+              help="streamed layers in flight ahead of the running one (default 1; 0 = load at use)")
+    @argument("--order", default="execution", metavar="POLICY",
+              help="who gets pins first: execution, reverse, largest, strided, or layer ids 3,1,0")
+    @argument("--resident", default=None, metavar="K",
+              help="layers kept on the device: a count (35), a fraction (0.5) or ids (0,1,blocks.3)")
+    @argument("--residency", default="leading", choices=("leading", "strided"),
+              help="which layers a resident count keeps: the first ones, or spread (default leading)")
+    @argument("--tier", default=None, choices=("pinned", "pageable", "mapped"),
+              help="force every streamed layer to this tier (default: the planner's choice)")
+    @argument("-n", "--steps", type=int, default=3, metavar="N",
+              help="measured steps (default 3); each step runs the statement or the cell once")
+    @argument("--warmup", type=int, default=1, metavar="N",
+              help="steps run first and dropped (default 1)")
+    @argument("--compare", default=None, metavar="TIERS",
+              help="one run per forced tier, then a comparison, e.g. pinned,pageable")
+    @argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
+              help="cuda on a GPU, else cpu (default auto)")
+    @argument("--init", default="grouped", choices=("grouped", "naive"),
+              help="group initialisation strategy (default grouped)")
+    @argument("--label", default=None, help="run label (default: tiers and prefetch)")
+    @argument("--report", default=None, metavar="PATH",
+              help="also write an offline HTML report of the run(s) to PATH")
+    @argument("-o", dest="return_runs", action="store_true",
+              help="return the Run (a list of Runs with --compare)")
+    @argument("-q", dest="quiet", action="store_true", help="display nothing")
+    @argument("model", metavar="MODEL", help="expression naming the torch.nn.Module to offload")
+    @argument("statement", metavar="STATEMENT", nargs="*",
+              help="code run once per step (line magic); the cell body in the cell magic")
+    @no_var_expand  # the statement is Python: IPython must not expand {x} or $x inside it
+    @line_cell_magic
+    def offload_profile(self, line: str, cell: str | None = None) -> Any:
+        """Profile a statement under layer-wise offload of MODEL and show where the time goes.
+
+        Line magic: %offload_profile [options] MODEL STATEMENT
+        Cell magic: %%offload_profile [options] MODEL   (the cell body is one step)
+
+        The plan is made from MODEL's layer groups with this machine's host memory; the
+        statement (evaluated in the notebook namespace) runs --warmup + --steps times under
+        offload. Displays a summary table and the timeline; -o returns the Run(s).
+
+        Examples:
+          %offload_profile -n 3 model model(**inputs)
+          %offload_profile --compare pinned,pageable -b 8GiB model model(**inputs)
+          %%offload_profile -p 2 --resident 4 model
+          out = model(**inputs)
+        """
+        __tracebackhide__ = True  # IPython hides this frame when the user's error is shown
+        parser = self.offload_profile.parser
+        opts, model_expr, rest = _split_line(parser, line)
+        args = parser.parse_args([*opts, model_expr])
+        if cell is None:
+            if not rest:
+                raise MagicArgumentError(
+                    "STATEMENT is missing: write %offload_profile [options] MODEL STATEMENT, or use "
+                    "the cell magic %%offload_profile [options] MODEL with the step as the cell body")
+            source = rest
+        else:
+            if rest:
+                raise MagicArgumentError(
+                    f"%%offload_profile takes the step from the cell body; {rest!r} after MODEL is "
+                    f"not accepted (write it in the cell)")
+            source = cell
+        runs, plan = self._profile_all(args, model_expr, source)
+        if args.report:
+            from .report import report
+
+            path = report(runs, plan=plan).save(args.report)
+            if not args.quiet:
+                print(f"report written to {path}")
+        if not args.quiet:
+            from IPython.display import display
+
+            display(summary_bundle(runs), raw=True)
+        if args.return_runs:
+            return runs if args.compare else runs[0]
+        return None
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _model(self, expr: str) -> nn.Module:
+        from torch import nn
+
+        try:
+            model = eval(expr, self.shell.user_ns)  # noqa: S307 - the user's own notebook namespace
+        except Exception as e:
+            raise MagicArgumentError(f"MODEL {expr!r} could not be evaluated in the notebook "
+                                     f"namespace: {type(e).__name__}: {e}") from None
+        if not isinstance(model, nn.Module):
+            raise MagicArgumentError(f"MODEL {expr!r} is a {type(model).__name__}; expected a "
+                                     f"torch.nn.Module whose blocks sit in nn.ModuleLists")
+        return model
+
+    def _compile(self, source: str) -> tuple[types.CodeType, str]:
+        transformed = self.shell.transform_cell(source)
+        # caching under the current cell number makes tracebacks read "Cell In[n]" with source
+        name = self.shell.compile.cache(transformed, self.shell.execution_count, raw_code=source)
+        try:
+            return compile(transformed, name, "exec"), name
+        except SyntaxError as e:
+            linecache.checkcache(name)
+            raise MagicArgumentError(f"STATEMENT {source.strip()!r} is not valid Python: {e.msg} "
+                                     f"(line {e.lineno})") from None
+
+    def _plan(self, spec: ModelSpec, args: Any, tier: str | None) -> Plan:
+        from .plan import plan
+
+        budget = args.pin_budget
+        if isinstance(budget, str) and budget.lower() in ("all", "none", "auto"):
+            budget = None
+        try:
+            return plan(spec, pin_budget=budget, resident=_resident_value(args.resident),
+                        residency=args.residency, order=_order_value(args.order),
+                        prefetch=args.prefetch, tier=tier)
+        except ValueError as e:
+            if isinstance(e, UsageError):
+                raise
+            raise MagicArgumentError(str(e)) from None
+
+    def _profile_all(self, args: Any, model_expr: str, source: str) -> tuple[list[Run], Plan]:
+        __tracebackhide__ = True
+        from .runtime import profile
+
+        for what, value, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                                ("--prefetch", args.prefetch, 0)):
+            if value < lo:
+                raise MagicArgumentError(f"{what} {value} is below {lo}; accepted: an integer ≥ {lo}")
+        tiers = _tiers_value(args.compare)
+        if tiers and args.tier:
+            raise MagicArgumentError(f"--tier {args.tier} and --compare {args.compare} both force "
+                                     f"tiers; accepted: one of them")
+        model = self._model(model_expr)
+        spec = spec_for_model(model)
+        plans = [(t, self._plan(spec, args, t)) for t in (tiers or [args.tier])]
+        code, filename = self._compile(source)
+        user_ns = self.shell.user_ns
+
+        def step() -> None:
+            exec(code, user_ns)  # noqa: S102 - the user's own statement, as a cell would run it
+
+        runs = []
+        for tier, p in plans:
+            done = [0]
+            total = args.warmup + args.steps
+            label = args.label
+            if label and tier:
+                label = f"{label} · {tier}"
+            try:
+                runs.append(profile(model, step, p, steps=args.steps, warmup=args.warmup,
+                                    backend=args.backend, init=args.init, label=label,
+                                    progress=lambda k, n, done=done: done.__setitem__(0, k)))
+            except KeyboardInterrupt as e:
+                which = f" ({tier} run)" if tier else ""
+                msg = (f"%offload_profile stopped by Ctrl-C during step {done[0] + 1} of {total}"
+                       f"{which}; the model is restored and this run was not recorded")
+                stop = KeyboardInterrupt(msg)
+                stop._render_traceback_ = lambda m=msg: [f"KeyboardInterrupt: {m}"]
+                raise stop from e
+            except Exception as e:
+                if not _raised_in(e.__traceback__, {filename}):
+                    if isinstance(e, ValueError) and not isinstance(e, UsageError):
+                        # the toolkit refused the model or plan: say why, in one line
+                        raise MagicArgumentError(f"{type(e).__name__}: {e}") from None
+                    raise
+                self._reraise_as_user_error(e)
+        return runs, plans[0][1]
+
+    def _reraise_as_user_error(self, e: BaseException) -> None:
+        """Re-raise the statement's exception with a traceback of the user's frames only."""
+        __tracebackhide__ = True
+        tb = user_traceback(e.__traceback__)
+        try:
+            stb = self.shell.InteractiveTB.structured_traceback(type(e), e, tb, tb_offset=0)
+            # IPython shows an exception's _render_traceback_() instead of its own traceback,
+            # so the cell fails with the user's exception and reads like a plain cell's error
+            e._render_traceback_ = lambda: stb  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            # an exception type without __dict__: show the user's frames, then fail the cell
+            self.shell.showtraceback((type(e), e, tb), tb_offset=0)
+            raise UsageError(f"%offload_profile: the statement raised {type(e).__name__}; "
+                             f"the model is restored") from None
+        raise e.with_traceback(tb)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%offload_profile`` (called by ``%load_ext offload_lab``).
+
+    >>> from IPython.testing.globalipapp import start_ipython  # doctest: +SKIP
+    >>> load_ipython_extension(start_ipython())                # doctest: +SKIP
+    """
+    ipython.register_magics(OffloadMagics)

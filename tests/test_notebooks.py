@@ -1,0 +1,204 @@
+"""The walkthrough notebooks: generated from source, stripped, executed headless, exported to HTML.
+
+Executing a notebook costs a kernel and up to a few minutes, so each notebook is executed once
+per session and shared by the tests that read it (marked ``notebook`` and ``slow``; deselect with
+``-m "not slow"``). The export test is the one that matters for readers: plotly >= 6.1 renders
+figures in a kernel as a mimetype that ``jupyter nbconvert --to html`` drops, so the exported
+HTML must still hold every figure's div and the plotly.js bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+# at least this many figures must survive export (the notebooks show more on a GPU)
+MIN_FIGURES = {"01_quickstart.ipynb": 7, "wan21_offload.ipynb": 7, "minimax_h3_offload.ipynb": 10}
+NAMES = list(MIN_FIGURES)
+_CACHE: dict[str, dict] = {}
+
+nbformat = pytest.importorskip("nbformat")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return torch.cuda.is_available()
+
+
+def _jupyter() -> list[str]:
+    exe = Path(sys.executable).with_name("jupyter")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter"]
+
+
+def executed(name: str, tmp_root: Path) -> dict:
+    """Execute ``name`` once (nbclient, headless), export it to HTML; cache the result."""
+    if name in _CACHE:
+        return _CACHE[name]
+    from nbclient import NotebookClient
+
+    work = tmp_root / name.removesuffix(".ipynb")
+    work.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    old = os.environ.get("OFFLOAD_LAB_NOTEBOOK_OUT")
+    os.environ["OFFLOAD_LAB_NOTEBOOK_OUT"] = str(work / "out")
+    start = time.perf_counter()
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    finally:
+        if old is None:
+            os.environ.pop("OFFLOAD_LAB_NOTEBOOK_OUT", None)
+        else:
+            os.environ["OFFLOAD_LAB_NOTEBOOK_OUT"] = old
+    seconds = time.perf_counter() - start
+    path = work / name
+    nbformat.write(nb, path)
+    subprocess.run([*_jupyter(), "nbconvert", "--to", "html", str(path)], check=True,
+                   capture_output=True, timeout=300)
+    html = path.with_suffix(".html")
+    print(f"{name}: executed in {seconds:.0f} s; exported {html.stat().st_size / 2**20:.1f} MiB")
+    _CACHE[name] = {"nb": nb, "seconds": seconds, "html": html, "out": work / "out"}
+    return _CACHE[name]
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("notebooks")
+
+
+def _text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            parts.append(o.get("text", ""))
+            parts.extend(str(v) for k, v in o.get("data", {}).items() if k in ("text/plain", "text/html"))
+    return "\n".join(parts)
+
+
+# -- the committed notebooks ------------------------------------------------------------------------
+def test_notebooks_are_generated_from_the_script():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_notebooks.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebooks_are_stored_without_outputs(name):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
+    assert "widgets" not in nb.metadata
+
+
+# -- executed -----------------------------------------------------------------------------------------
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_executes_headless(name, tmp_root):
+    res = executed(name, tmp_root)
+    nb = res["nb"]
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, errors[0]
+    text = _text(nb)
+    assert "simulated" in text.lower()
+    if not _has_cuda():
+        assert "skipped: no CUDA device here" in text
+    # every notebook writes its report where the environment says
+    assert list(res["out"].glob("*.html")), list(res["out"].iterdir())
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_figures_survive_nbconvert_html(name, tmp_root):
+    res = executed(name, tmp_root)
+    outputs = [o.get("data", {}) for c in res["nb"].cells for o in c.get("outputs", [])]
+    mimetype = [d for d in outputs if "application/vnd.plotly.v1+json" in d]
+    # every figure output carries text/html next to the plotly mimetype nbconvert would drop
+    assert all("plotly-graph-div" in d.get("text/html", "") for d in mimetype)
+    shown = sum(d.get("text/html", "").count('class="plotly-graph-div"') for d in outputs)
+    assert shown >= MIN_FIGURES[name]
+    html = res["html"].read_text(encoding="utf-8")
+    figures = len(re.findall(r'class="plotly-graph-div"', html))
+    assert figures >= shown, (figures, shown)
+    assert len(re.findall(r"Plotly\.newPlot\(", html)) >= figures
+    # plotly.js itself is inlined once, so the page draws offline
+    assert len(re.findall(r"\* plotly\.js v\d", html)) == 1
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_quickstart_magic_and_explorer_outputs(tmp_root):
+    nb = executed("01_quickstart.ipynb", tmp_root)["nb"]
+    sources = {c.source.splitlines()[0]: c for c in nb.cells if c.cell_type == "code"}
+    line = sources["%offload_profile -n 2 -b 1MiB model model(**inputs)"]
+    assert any("text/html" in o.get("data", {}) and "plotly-graph-div" in o["data"]["text/html"]
+               for o in line.outputs)
+    explorer = next(c for c in nb.cells if c.source.startswith("ex.live.value"))
+    printed = "".join(o.get("text", "") for o in explorer.outputs)
+    assert "no errors" in printed
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert any(m["model_name"] == "OutputModel" and m["state"].get("outputs") for m in state.values())
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.browser
+def test_exported_notebooks_draw_offline_in_chromium(tmp_root):
+    """Open each exported notebook in headless Chromium with the network cut: every static
+    figure must be drawn by the inlined plotly.js (widget views need CDN scripts; not counted)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from browser import CHROMIUM, CHROMIUM_ARGS, chromium_available
+
+    why = chromium_available()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    all_drawn = ("() => [...document.querySelectorAll('.plotly-graph-div')]"
+                 ".every(d => d.classList.contains('js-plotly-plot') && d.querySelector('.main-svg'))")
+    count = ("() => [document.querySelectorAll('.plotly-graph-div').length, "
+             "[...document.querySelectorAll('.plotly-graph-div.js-plotly-plot')]"
+             ".filter(d => d.querySelector('.main-svg')).length]")
+    local = ("file:", "data:", "about:", "blob:")
+    pages = {n: executed(n, tmp_root)["html"] for n in NAMES}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            ctx = browser.new_context(offline=True)
+            for name, path in pages.items():
+                page = ctx.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+                page.route("**/*", lambda route, request: route.continue_()
+                           if request.url.startswith(local) else route.abort())
+                page.goto(path.resolve().as_uri(), wait_until="load", timeout=120_000)
+                page.wait_for_function(all_drawn, timeout=120_000)
+                figures, drawn = page.evaluate(count)
+                assert figures >= MIN_FIGURES[name] and drawn == figures, (name, figures, drawn)
+                assert not [e for e in errors if "Plotly" in e], (name, errors)
+                page.close()
+        finally:
+            browser.close()
+
+
+def test_executed_notebooks_are_reported():
+    """Print the execution times of the notebooks executed in this session (``-s`` shows them)."""
+    if not _CACHE:
+        pytest.skip("no notebook was executed in this session")
+    times = {n: round(v["seconds"], 1) for n, v in _CACHE.items()}
+    print("notebook execution times (s):", json.dumps(times))
+    assert all(t > 0 for t in times.values())

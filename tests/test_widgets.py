@@ -1,0 +1,304 @@
+"""PlanExplorer: controls → plan → simulate / run → figures, driven without a browser."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import offload_lab
+from offload_lab import catalog, synthetic
+from offload_lab.hostmem import HostMemory
+from offload_lab.plan import PlanWarning
+from offload_lab.timeline import Run
+
+W = pytest.importorskip("ipywidgets")
+from offload_lab.widgets import HYPOTHETICAL_HOSTS_GIB, ExplorerError, PlanExplorer  # noqa: E402
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def wan14() -> offload_lab.ModelSpec:
+    return catalog.load("wan2.1-t2v-14b")
+
+
+@pytest.fixture()
+def ex(wan14) -> PlanExplorer:
+    return PlanExplorer(wan14, host="64GiB", live=False)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A 3-block Wan-shaped model, its inputs, and a copy of its weights to check restore."""
+    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=3)
+    inputs = synthetic.example_inputs(model, tokens=32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    return model, inputs, before
+
+
+def direct_plan(ex: PlanExplorer, **overrides) -> offload_lab.Plan:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        return offload_lab.plan(ex.spec, host=ex.host, **{**ex.plan_kwargs(), **overrides})
+
+
+# -- controls → plan ------------------------------------------------------------------------------
+def test_budget_slider_top_means_everything_the_host_can_spend(ex):
+    assert ex.host_choice.value == "given"
+    assert ex.pin_budget() is None
+    assert ex.plan.tier_counts["pinned"] == 40
+    # the slider ends at the model's layer bytes: more budget could not change the plan
+    assert ex.budget.max * GIB >= ex.spec.layer_bytes > (ex.budget.max - ex.budget.step) * GIB
+
+
+def test_budget_slider_sets_the_pin_budget(ex):
+    ex.budget.value = 8.0
+    assert ex.pin_budget() == 8 * GIB
+    assert ex.plan.tier_counts == {"resident": 0, "pinned": 12, "pageable": 28, "mapped": 0}
+    assert ex.plan.layers.equals(direct_plan(ex).layers)
+    assert ex.plan.ledger["budget"] == 8 * GIB
+
+
+def test_every_control_reaches_the_plan(ex):
+    ex.budget.value = 8.0
+    ex.resident.value = 4
+    ex.residency.value = "strided"
+    ex.order.value = "reverse"
+    ex.prefetch.value = 2
+    ex.tier.value = "pageable"
+    params = ex.plan.params
+    assert (params["resident"], params["residency"], params["order"], params["prefetch"],
+            params["tier"]) == (4, "strided", "reverse", 2, "pageable")
+    assert ex.plan.tier_counts["resident"] == 4
+    assert ex.plan.resident_layers("blocks") != [0, 1, 2, 3]  # strided, not leading
+    assert ex.plan.layers.equals(direct_plan(ex).layers)
+    ex.tier.value = "auto"
+    assert ex.plan.params["tier"] is None
+
+
+def test_order_decides_who_gets_the_pins(ex):
+    ex.budget.value = 8.0
+    ex.order.value = "reverse"
+    pinned = ex.plan.layers.loc[ex.plan.layers["tier"] == "pinned", "layer"].tolist()
+    assert pinned == list(range(28, 40))
+
+
+def test_host_choice_moves_the_slider_range(ex, wan14):
+    hosts = dict((v, k) for k, v in ex.host_choice.options)
+    assert {"probe", *(f"{g}GiB" for g in HYPOTHETICAL_HOSTS_GIB)} <= set(hosts)
+    ex.host_choice.value = "16GiB"
+    spend = HostMemory(available="16GiB").spendable
+    assert ex.budget.max * GIB >= spend > (ex.budget.max - ex.budget.step) * GIB
+    assert ex.budget.value == ex.budget.max  # "everything" stays "everything"
+    assert ex.plan.ledger["spendable"] == spend
+    assert ex.plan.ledger["pinned_bytes"] <= spend
+    ex.budget.value = 4.0
+    ex.host_choice.value = "128GiB"
+    assert ex.budget.value == 4.0  # a chosen budget survives a larger host
+    assert ex.pin_budget() == 4 * GIB
+
+
+def test_default_host_for_a_spec_can_pin_all_of_it(wan14):
+    ex = PlanExplorer(wan14, live=False)
+    assert ex.host_choice.value != "probe"
+    assert ex.host.spendable >= ex.spec.layer_bytes
+    assert ex.plan.tier_counts["pinned"] == 40
+
+
+def test_a_refused_combination_keeps_the_plan_and_says_why(ex):
+    ex.tier.value = "pinned"
+    good = ex.plan
+    ex.budget.value = 0.0
+    assert ex.plan is good
+    assert "PlanError" in ex.error and "pin budget" in ex.error
+    assert "error" in ex.status.value
+    ex.simulate_button.click()  # the stale plan on display is not simulated
+    assert ex.last_run is None and "no valid plan" in ex.error
+    ex.budget.value = 8.0
+    assert ex.error is None and ex.plan is not good
+    ex.simulate_button.click()
+    assert ex.error is None and ex.last_run is not None
+
+
+def test_ledger_and_reasons_are_shown(ex):
+    ex.budget.value = 8.0
+    assert "spendable" in ex.ledger_html.value and "powers of two" in ex.ledger_html.value
+    assert "pinned: rank 1" in ex.reasons_html.value
+    assert "12 pinned" in ex.status.value
+
+
+# -- plan → runs → figures --------------------------------------------------------------------
+def test_simulate_button_makes_a_labelled_simulated_run_and_timeline(ex):
+    ex.budget.value = 8.0
+    ex.simulate_button.click()
+    assert ex.error is None
+    run = ex.last_run
+    assert isinstance(run, Run) and run.simulated and run.backend == "sim"
+    assert "(simulated)" in run.label and len(run.steps) == ex.steps.value
+    assert run.layers["tier"].tolist() == ex.plan.layers["tier"].tolist()
+    assert "SIMULATED" in ex.figures["timeline"].layout.title.text
+    assert not ex.add_button.disabled
+
+
+def test_live_mode_simulates_on_every_change(wan14):
+    ex = PlanExplorer(wan14, host="64GiB", profile="rtx4090-pcie4", live=True)
+    first = ex.last_run
+    assert first is not None and first.simulated
+    ex.tier.value = "pageable"
+    assert ex.last_run is not first
+    assert set(ex.last_run.layers["tier"]) == {"pageable"}
+    assert ex.last_run.meta["profile"]["name"] == "rtx4090-pcie4"
+
+
+def test_profile_dropdown_picks_the_device(ex):
+    ex.profile_choice.value = "rtx4090-pcie4"
+    ex.simulate_button.click()
+    slow = ex.last_run.step_time
+    ex.profile_choice.value = "h200"
+    ex.simulate_button.click()
+    assert ex.last_run.step_time < slow
+
+
+def test_comparison_pinned_vs_pageable(ex):
+    ex.simulate_button.click()
+    ex.add_button.click()
+    ex.add_button.click()  # the same run is kept once
+    assert len(ex.runs) == 1
+    ex.tiers_button.click()
+    assert ex.error is None
+    assert len(ex.runs) == 3
+    pinned, pageable = ex.runs[1:]
+    assert set(pinned.layers["tier"]) == {"pinned"} and set(pageable.layers["tier"]) == {"pageable"}
+    assert pageable.step_time > pinned.step_time
+    assert ex.tier.value == "auto"  # the forced tier was only for the comparison
+    bars = ex.figures["step_times"].data[0]
+    assert len(bars.x) == 3 and all("simulated" in y for y in bars.y)
+    assert "pageable" in ex.comparison_html.value
+    ex.clear_button.click()
+    assert ex.runs == [] and "step_times" not in ex.figures
+
+
+def test_export_report(ex, tmp_path):
+    ex.simulate_button.click()
+    ex.add_to_comparison()
+    ex.report_path.value = str(tmp_path / "explorer.html")
+    ex.export_button.click()
+    assert ex.error is None
+    text = ex.report_file.read_text(encoding="utf-8")
+    assert "SIMULATED" in text and "plotly-graph-div" in text
+    assert str(ex.report_file) in ex.status.value
+
+
+def test_add_without_a_run_is_an_error_not_a_crash(ex):
+    ex.add_to_comparison  # noqa: B018 - the method exists
+    ex.add_button.click()
+    assert ex.runs == []
+    assert "Simulate or Run" in ex.error
+
+
+def test_run_button_profiles_the_real_model_and_restores_it(tiny):
+    model, inputs, before = tiny
+    calls = []
+
+    def step():
+        calls.append(1)
+        return model(**inputs)
+
+    ex = PlanExplorer(model, fn=step, live=False, steps=2, warmup=1, backend="cpu")
+    assert ex.host_choice.value == "probe" and not ex.run_button.disabled
+    ex.tier.value = "pageable"
+    ex.run_button.click()
+    assert ex.error is None, ex.error
+    run = ex.last_run
+    assert not run.simulated and run.backend == "cpu"
+    assert "measured on cpu" in run.label
+    assert set(run.layers["tier"]) == {"pageable"} and len(run.steps) == 2
+    assert len(calls) == 3
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # the measured run is offered as a calibrated device profile
+    calibrated = [k for k in ex.profile_choice.options if k.startswith("calibrated")]
+    assert calibrated
+    ex.profile_choice.value = calibrated[0]
+    ex.simulate_button.click()
+    assert ex.error is None and ex.last_run.simulated
+
+
+def test_run_needs_fn(wan14, tiny):
+    ex = PlanExplorer(wan14, host="64GiB", live=False)
+    assert ex.run_button.disabled
+    with pytest.raises(ExplorerError, match="fn"):
+        ex.run()
+    model, _, _ = tiny
+    assert PlanExplorer(model, live=False).run_button.disabled
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"model_or_spec": 42}, "model_or_spec 42"),
+    ({"model_or_spec": "not-a-model"}, "not-a-model"),
+    ({"model_or_spec": "wan2.1-t2v-1.3b", "fn": lambda: None}, "spec"),
+    ({"model_or_spec": "wan2.1-t2v-1.3b", "profile": "tpu-v9"}, "tpu-v9"),
+    ({"model_or_spec": "wan2.1-t2v-1.3b", "host": "lots"}, "lots"),
+    ({"model_or_spec": "wan2.1-t2v-1.3b", "steps": 0}, "steps 0"),
+    ({"model_or_spec": "wan2.1-t2v-1.3b", "backend": "tpu"}, "tpu"),
+])
+def test_bad_arguments_name_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PlanExplorer(live=False, **kwargs)
+
+
+def test_given_device_profile_is_offered_first(wan14):
+    prof = offload_lab.DeviceProfile.load("h200").replace(name="my-box")
+    ex = PlanExplorer(wan14, profile=prof, host="64GiB", live=False)
+    assert ex.profile_choice.value == "my-box"
+    ex.simulate_button.click()
+    assert ex.last_run.meta["profile"]["name"] == "my-box"
+
+
+def test_two_groups_show_startup_peaks():
+    ex = PlanExplorer("minimax-h3", host="64GiB", live=False)
+    ex.resident.value, ex.residency.value = 35, "strided"
+    assert ex.plan.streamed_layers("blocks")[:3] == [1, 5, 8]
+    assert "startup_peaks" in ex.figures
+    assert "naive" in ex.ledger_html.value
+
+
+def test_displays_as_a_widget(ex):
+    bundle = ex._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"].startswith("<PlanExplorer 'wan2.1-t2v-14b'")
+
+
+def test_figures_for_export_carry_html():
+    """The outputs' figures carry text/html too: plotly >= 6.1's mimetype alone is lost by nbconvert."""
+    from offload_lab.magic import figure_bundle
+
+    ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)
+    bundle = figure_bundle(ex.figures["tier_map"])
+    assert "application/vnd.plotly.v1+json" in bundle
+    assert "plotly-graph-div" in bundle["text/html"]
+
+
+def test_import_offload_lab_stays_light():
+    code = ("import sys, offload_lab; heavy = [m for m in ('ipywidgets', 'plotly', 'IPython') "
+            "if m in sys.modules]; print(heavy); assert not heavy, heavy; "
+            "assert offload_lab.PlanExplorer.__name__ == 'PlanExplorer'; "
+            "assert 'ipywidgets' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
+    """In a kernel the figures go into the Output widgets' outputs, html included."""
+    monkeypatch.setattr("offload_lab.widgets._in_kernel", lambda: True)
+    ex = PlanExplorer(wan14, host="64GiB", live=False)
+    ex.simulate_button.click()
+    ex.tiers_button.click()
+    for out, n in ((ex.tier_map_out, 1), (ex.timeline_out, 1), (ex.comparison_out, 2)):
+        assert len(out.outputs) == n
+        data = out.outputs[0]["data"]
+        assert "application/vnd.plotly.v1+json" in data and "plotly-graph-div" in data["text/html"]
+    ex.clear_button.click()
+    assert ex.comparison_out.outputs == ()
