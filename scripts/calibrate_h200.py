@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     from offload_lab import catalog, flops
     from offload_lab.sim import DeviceProfile
 
-    runs = {r.label: r for r in (offload_lab.Run.load(p) for p in sorted(Path(args.runs).glob("*.zip")))}
+    # the main stage's runs (the diffusers-* side-by-side pair is a later, separate stage)
+    files = sorted(p for p in Path(args.runs).glob("*.zip") if not p.name.startswith("diffusers-"))
+    runs = {r.label: r for r in (offload_lab.Run.load(p) for p in files)}
     by_tier: dict[str, list[float]] = {}
     for r in runs.values():
         c = r.events[r.events["kind"] == "copy"]
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{big.meta['device_name']}, {big.meta['cuda']['total_memory'] // 2**20} MiB, lent H200 "
                    "host (16 cores, 128 GiB, gVisor); torch " + big.meta["torch_version"],
         "date": big.meta["created"][:10],
-        "runs": sorted(p.name for p in Path(args.runs).glob("*.zip")),
+        "runs": [p.name for p in files],
         "method": [
             "bandwidths: median bytes/duration of every copy row of each tier, all runs",
             f"tflops: catalog FLOPs of one T2V-14B block at {tokens} tokens / the median measured block "

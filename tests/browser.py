@@ -76,6 +76,18 @@ def open_html(path: str | os.PathLike, screenshot: str | os.PathLike | None = No
     return open_pages([Visit(path, screenshot, probes or {})], **kw)[0]
 
 
+def _router(res: PageResult):
+    # one argument only: playwright passes (route, request) to a handler that takes two
+    def route(r) -> None:
+        if r.request.url.split(":", 1)[0] in ("file", "data", "about", "blob"):
+            r.continue_()
+        else:
+            res.blocked_requests.append(r.request.url)
+            r.abort()
+
+    return route
+
+
 def open_pages(visits: list[Visit], width: int = 1280, height: int = 900,
                timeout_ms: int = 30_000) -> list[PageResult]:
     """:func:`open_html` for several pages in one browser (a Chromium start costs seconds)."""
@@ -94,12 +106,7 @@ def open_pages(visits: list[Visit], width: int = 1280, height: int = 900,
                     res = PageResult()
                     results.append(res)
 
-                    def route(r, res=res):
-                        if r.request.url.split(":", 1)[0] in ("file", "data", "about", "blob"):
-                            r.continue_()
-                        else:
-                            res.blocked_requests.append(r.request.url)
-                            r.abort()
+                    route = _router(res)
 
                     def on_dialog(d, res=res):
                         res.dialogs.append(f"{d.type}: {d.message}")
