@@ -933,6 +933,26 @@ class _Job:
     model: Any
 
 
+def _shipped_gpu_runs(model: str) -> list[Run]:
+    """Measured GPU runs of ``model`` shipped in the source tree (``data/runs``), 480p ones only.
+
+    Absent from an installed wheel; the demo then simply has none to show.
+    """
+    from .timeline import Run
+
+    root = Path(__file__).resolve().parents[1] / "data" / "runs"
+    out = []
+    for p in sorted(root.glob("*/[0-9]*.zip")):
+        try:
+            r = Run.load(p)
+        except ValueError:
+            continue
+        gc = r.meta.get("gpu_check", {})
+        if r.meta.get("model") == model and r.backend == "cuda" and gc.get("tokens") == 32760:
+            out.append(r)
+    return out
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """``offload-lab demo``: measured runs of a scaled model, simulated full-size runs, one report."""
     t_start = time.perf_counter()
@@ -1023,7 +1043,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             bar.advance(1)
 
     measured = [runs[j.key] for j in jobs]
-    all_runs = measured + sim_runs
+    gpu_runs = _shipped_gpu_runs(spec.name)
+    all_runs = measured + gpu_runs + sim_runs
     if args.save_runs:
         _save_runs(all_runs, Path(args.save_runs))
     bar.stage("writing the report")
@@ -1040,6 +1061,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say(f"measured on {backend} — synthetic {name}, {size.describe()}, {steps} steps after "
          f"{warmup} warm-up:")
     _say(_comparison_text(analysis.compare(measured)))
+    if gpu_runs:
+        _say()
+        _say(f"MEASURED on {gpu_runs[0].meta.get('device_name', 'a GPU')} (shipped runs under data/runs, "
+             f"scripts/gpu_check.py) — full-width synthetic {name}:")
+        _say(_comparison_text(analysis.compare(gpu_runs)))
     for prof in profiles:
         group = [r for r in sim_runs if r.meta.get("profile", {}).get("name") == prof.name]
         _say()

@@ -142,6 +142,8 @@ def test_demo_quick_end_to_end(tmp_path: Path) -> None:
     assert "sizing:" in r.stdout and "about the same time" in r.stdout
     assert f"report: {report.resolve()}" in r.stdout
     assert "100%" in r.stderr  # the progress bar ran to the end
+    # the measured H200 runs shipped in the source tree are shown, labelled with their machine
+    assert "MEASURED on NVIDIA H200" in r.stdout and "1.3B pageable p1" in html
 
 
 def test_report_without_plotly_is_one_clear_line(tmp_path: Path) -> None:
