@@ -28,39 +28,24 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.resources
 from pathlib import Path
 
+from .shipped import data_dir, searched
 from .spec import ModelSpec, SpecError
 
 __all__ = ["CatalogError", "names", "load", "path"]
 
-_REPO_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 
 
 class CatalogError(SpecError):
     """A catalog name that is not shipped (a ``ValueError``)."""
 
 
-def _candidate_dirs() -> list[Path]:
-    dirs = []
-    try:
-        res = importlib.resources.files(__package__) / "_data" / "models"
-        # wheels install unzipped, so the resource is a real directory we can hand out paths in
-        dirs.append(Path(str(res)))
-    except (ModuleNotFoundError, TypeError):
-        pass
-    dirs.append(_REPO_DIR)
-    return dirs
-
-
-@functools.lru_cache(maxsize=1)
 def _models_dir() -> Path:
-    for d in _candidate_dirs():
-        if d.is_dir() and any(d.glob("*.json")):
-            return d
-    tried = ", ".join(repr(str(d)) for d in _candidate_dirs())
-    raise CatalogError(f"no model catalog found; looked for *.json in {tried}")
+    d = data_dir("models")
+    if d is None:
+        raise CatalogError(f"no model catalog found; looked for *.json in {searched('models')}")
+    return d
 
 
 def names() -> list[str]:

@@ -39,8 +39,6 @@ A simulated :class:`~offload_lab.timeline.Run` has the same frames as a measured
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.resources
 import json
 import math
 import os
@@ -52,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .shipped import data_dir, searched
 from .timeline import Run
 
 __all__ = ["SimError", "ProfileError", "DeviceProfile", "simulate", "calibrate", "plan_of_run",
@@ -67,7 +66,6 @@ PROFILE_FORMAT = "offload-lab/device-profile"
 #: copy keeps its speed (a memcpy thread takes the memory bandwidth a small-batch block needs).
 CPU_PRIOR = (1.0, 1.0)
 
-_REPO_DIR = Path(__file__).resolve().parent.parent / "data" / "devices"
 
 
 class SimError(ValueError):
@@ -334,24 +332,11 @@ class DeviceProfile:
                 f"{comp or 'no compute model'}; {self.compute_mode})")
 
 
-def _candidate_dirs() -> list[Path]:
-    dirs = []
-    try:
-        res = importlib.resources.files(__package__) / "_data" / "devices"
-        dirs.append(Path(str(res)))
-    except (ModuleNotFoundError, TypeError):
-        pass
-    dirs.append(_REPO_DIR)
-    return dirs
-
-
-@functools.lru_cache(maxsize=1)
 def _devices_dir() -> Path:
-    for d in _candidate_dirs():
-        if d.is_dir() and any(d.glob("*.json")):
-            return d
-    tried = ", ".join(repr(str(d)) for d in _candidate_dirs())
-    raise ProfileError(f"no device profiles found; looked for *.json in {tried}")
+    d = data_dir("devices")
+    if d is None:
+        raise ProfileError(f"no device profiles found; looked for *.json in {searched('devices')}")
+    return d
 
 
 def names() -> list[str]:

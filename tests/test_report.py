@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import offload_lab
-from offload_lab import catalog, synthetic
+from offload_lab import catalog
 from offload_lab.report import Report, ReportError, report
 from offload_lab.timeline import Run
 
@@ -28,20 +28,6 @@ class Html(str):
 
 def read(path: Path) -> Html:
     return Html(path.read_text(encoding="utf-8"))
-
-
-@pytest.fixture(scope="module")
-def measured() -> list[Run]:
-    """cpu-backend runs of a tiny Wan-shaped model; the pageable one has a hostile label."""
-    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=3)
-    inputs = synthetic.example_inputs(model, tokens=32)
-    spec = offload_lab.spec_of(model)
-    runs = []
-    for tier, label in (("pinned", "pinned"), ("pageable", XSS)):
-        plan = offload_lab.plan(spec, tier=tier, host=HOST)
-        runs.append(offload_lab.profile(model, lambda: model(**inputs), plan, steps=2, warmup=1,
-                                        backend="cpu", label=label))
-    return runs
 
 
 @pytest.fixture(scope="module")

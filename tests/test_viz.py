@@ -9,25 +9,12 @@ import numpy as np
 import pytest
 
 import offload_lab
-from offload_lab import catalog, synthetic, viz
+from offload_lab import catalog, viz
 from offload_lab.timeline import Run
 from offload_lab.viz import TIER_COLORS, VizError
 
 HOST = offload_lab.HostMemory(available="256GiB")
 XSS = "</script><script>alert(1)</script>"
-
-
-@pytest.fixture(scope="module")
-def measured() -> list[Run]:
-    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=3)
-    inputs = synthetic.example_inputs(model, tokens=32)
-    spec = offload_lab.spec_of(model)
-    runs = []
-    for tier, label in (("pinned", "pinned"), ("pageable", XSS)):
-        plan = offload_lab.plan(spec, tier=tier, host=HOST)
-        runs.append(offload_lab.profile(model, lambda: model(**inputs), plan, steps=2, warmup=1,
-                                        backend="cpu", label=label))
-    return runs
 
 
 @pytest.fixture(scope="module")
