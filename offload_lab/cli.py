@@ -380,7 +380,9 @@ offload-lab catalog --devices.""",
 examples:
   offload-lab report pinned.zip pageable.zip
   offload-lab report runs/ --plan plan.json --title "pinned vs pageable" --out report.html
+  offload-lab report ours.zip their_trace.json.gz --title "offload-lab vs their offload"
 
+A .json / .json.gz argument is read as a torch.profiler (Kineto) trace.
 Writes one self-contained HTML file (default {DEFAULT_REPORT}) that opens offline.""",
     "catalog": """\
 examples:
@@ -458,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", formatter_class=fmt, epilog=_EPILOGS["report"],
                        help="an offline HTML report from saved runs",
                        description="Write one self-contained HTML report from saved runs.")
-    p.add_argument("runs", nargs="+", metavar="RUN.zip", help="saved runs (or directories of them)")
+    p.add_argument("runs", nargs="+", metavar="RUN.zip",
+                   help="saved runs (or directories of them), or torch.profiler traces (.json, .json.gz)")
     p.add_argument("--out", default=DEFAULT_REPORT, metavar="PATH", help=f"report file (default {DEFAULT_REPORT})")
     p.add_argument("--title", help="report title")
     p.add_argument("--plan", metavar="PLAN.json", help="a plan (offload-lab plan --json) to show with the runs")
@@ -798,7 +801,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _load_runs(items: Sequence[str]) -> list[Run]:
-    from .timeline import Run
 
     paths: list[Path] = []
     for item in items:
@@ -814,7 +816,18 @@ def _load_runs(items: Sequence[str]) -> list[Run]:
                            f"offload-lab profile / simulate or Run.save, or directories of them")
         else:
             paths.append(p)
-    return [Run.load(p) for p in paths]
+    return [_load_one(p) for p in paths]
+
+
+def _load_one(path: Path) -> Run:
+    """A saved run, or a torch.profiler / Kineto trace (read as a run of backend ``trace``)."""
+    from .timeline import Run
+
+    if path.name.endswith((".json", ".json.gz")):
+        from .traceimport import from_torch_profiler
+
+        return from_torch_profiler(path)
+    return Run.load(path)
 
 
 def _write_report(runs: list[Run], out: str, plan: Plan | None, title: str | None) -> Path:

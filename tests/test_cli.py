@@ -156,3 +156,14 @@ def test_report_without_plotly_is_one_clear_line(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert_one_line_error(r, "plotly is not installed")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_reads_profiler_traces_beside_runs(tmp_path: Path) -> None:
+    trace = Path(__file__).parent / "data" / "traces" / "h200_offload_trace.json.gz"
+    s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--steps", "1", "--out", tmp_path / "sim.zip")
+    assert s.returncode == 0, s.stderr
+    r = cli("report", tmp_path / "sim.zip", trace, "--out", tmp_path / "mix.html")
+    assert r.returncode == 0, r.stderr
+    assert "h200_offload_trace" in r.stdout and "3 pinned, 3 pageable" in r.stdout
+    (tmp_path / "cut.json").write_text('{"traceEvents": [')
+    assert_one_line_error(cli("report", tmp_path / "cut.json"), "truncated")
