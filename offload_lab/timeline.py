@@ -236,10 +236,13 @@ class Run:
 
     # -- save / load -------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        """Write one zip file of parquet frames and ``meta.json`` (data, never pickle)."""
+        """Write one zip file of parquet frames and ``meta.json`` (data, never pickle).
+
+        ``.zip`` is appended when ``path`` lacks it; the written path is returned.
+        """
         path = Path(path)
         if path.suffix != ".zip":
-            path = path.with_name(path.name + ".zip") if not path.name.endswith(".run") else path.with_suffix(".run.zip")
+            path = path.with_name(path.name + ".zip")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:

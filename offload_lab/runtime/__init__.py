@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ..timeline import Run
 from .manager import BACKENDS, INIT_STRATEGIES, OffloadError, OffloadManager
 
+if TYPE_CHECKING:
+    from ..plan import Plan
+
 __all__ = ["OffloadManager", "OffloadError", "offload", "profile", "BACKENDS", "INIT_STRATEGIES"]
 
 
 @contextlib.contextmanager
-def offload(model: nn.Module, plan, backend: str = "auto", device=None, init: str = "grouped",
-            label: str | None = None, record_memory: bool = True) -> Iterator[OffloadManager]:
+def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
+            init: str = "grouped", label: str | None = None,
+            record_memory: bool = True) -> Iterator[OffloadManager]:
     """Run ``model`` under ``plan`` inside the block; leaving it restores the model exactly.
 
     ``backend="auto"`` picks ``cuda`` when a GPU is there, else ``cpu``. ``init`` is the group
@@ -41,9 +46,9 @@ def offload(model: nn.Module, plan, backend: str = "auto", device=None, init: st
         yield manager
 
 
-def profile(model: nn.Module, fn: Callable[[], Any], plan, steps: int = 3, warmup: int = 1,
-            backend: str = "auto", device=None, init: str = "grouped", label: str | None = None,
-            progress: Callable[[int, int], None] | None = None) -> Run:
+def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3, warmup: int = 1,
+            backend: str = "auto", device: torch.device | str | None = None, init: str = "grouped",
+            label: str | None = None, progress: Callable[[int, int], None] | None = None) -> Run:
     """Call ``fn()`` once per step under the plan and return the measured :class:`Run`.
 
     The first ``warmup`` steps are run but dropped from the frames (``meta['warmup_dropped']``).
@@ -65,8 +70,6 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan, steps: int = 3, warmu
         raise OffloadError(f"warmup {warmup!r} must be an integer ≥ 0")
     if not callable(fn):
         raise OffloadError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
-    import torch
-
     total = steps + warmup
     with offload(model, plan, backend=backend, device=device, init=init, label=label) as m:
         with torch.no_grad():

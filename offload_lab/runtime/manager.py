@@ -8,15 +8,19 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from ..analysis import tier_summary
 from ..hostmem import HostMemory, file_backed_checker, process_memory
 from ..timeline import Run
 from .backends import CopyTicket, CpuBackend, CudaBackend
 from .stores import LayerStore
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 _ACTIVE: weakref.WeakSet = weakref.WeakSet()
 INIT_STRATEGIES = ("grouped", "naive")
@@ -33,17 +37,9 @@ class _Group:
     name: str
     blocks: nn.ModuleList
     streamed: list[int]
-    resident: list[int]
     pos: dict[int, int] = field(default_factory=dict)
     in_flight: dict[int, CopyTicket] = field(default_factory=dict)
     live: dict[int, CopyTicket] = field(default_factory=dict)  # bound to the device right now
-
-
-def _tiers_label(tiers: list[str]) -> str:
-    counts: dict[str, int] = {}
-    for t in tiers:
-        counts[t] = counts.get(t, 0) + 1
-    return ", ".join(f"{n} {t}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 class OffloadManager:
@@ -63,7 +59,7 @@ class OffloadManager:
     1
     """
 
-    def __init__(self, model: nn.Module, plan, backend: str = "auto", device=None,
+    def __init__(self, model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
                  init: str = "grouped", label: str | None = None, record_memory: bool = True):
         if not isinstance(model, nn.Module):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
@@ -108,7 +104,7 @@ class OffloadManager:
 
     # -- plan ↔ model ----------------------------------------------------------------------------
     @staticmethod
-    def _check_plan(model: nn.Module, plan) -> list[_Group]:
+    def _check_plan(model: nn.Module, plan: Plan) -> list[_Group]:
         spec = plan.spec
         mods = dict(model.named_modules())
         groups = []
@@ -130,8 +126,7 @@ class OffloadManager:
                         f"spec {spec.name!r}: the plan was made for another model")
             pl = plan.layers[plan.layers["group"] == g.name]
             streamed = [int(i) for i in pl[pl["streamed"]]["layer"].sort_values()]
-            resident = [int(i) for i in pl[~pl["streamed"]]["layer"].sort_values()]
-            grp = _Group(g.name, blocks, streamed, resident)
+            grp = _Group(g.name, blocks, streamed)
             grp.pos = {i: k for k, i in enumerate(streamed)}
             groups.append(grp)
         owners: dict[int, str] = {}
@@ -208,8 +203,7 @@ class OffloadManager:
         if self.backend_name == "cuda":
             self._meta["cuda"] = {"capability": list(torch.cuda.get_device_capability(self.device)),
                                   "total_memory": torch.cuda.get_device_properties(self.device).total_memory}
-        tiers = [self._tier(g.name, i) for g in self._groups for i in range(len(g.blocks))]
-        self._meta["label"] = self.label or f"{_tiers_label(tiers)}, prefetch {self.plan.prefetch}"
+        self._meta["label"] = self.label or f"{tier_summary(self.plan.layers)}, prefetch {self.plan.prefetch}"
         self._install_hooks()
         self._sample_memory(force=True)
 
@@ -251,11 +245,6 @@ class OffloadManager:
     # -- initialisation (DESIGN §4) ------------------------------------------------------------------
     def _layer_param_ids(self) -> set[int]:
         return {id(p) for g in self._groups for b in g.blocks for p in b.parameters()}
-
-    def _non_layer_bytes(self) -> int:
-        ids = self._layer_param_ids()
-        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values()
-                   if id(p) not in ids)
 
     def _ledger(self, delta: int) -> None:
         self._device_ledger += delta
