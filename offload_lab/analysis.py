@@ -148,22 +148,12 @@ def bandwidth_by_tier(run: Run) -> pd.DataFrame:
 
 
 def _profile_bandwidth(meta: dict[str, Any]) -> float | None:
-    """Pinned GB/s from a simulated run's device profile, whichever spelling the profile uses."""
+    """Pinned GB/s of a simulated run's device profile (``meta["profile"]`` is its ``to_dict()``)."""
     prof = meta.get("profile")
-    if not isinstance(prof, dict):
-        return None
-    for key in ("bandwidths", "bandwidth_gbps", "gbps", "bandwidth"):
-        v = prof.get(key)
-        if isinstance(v, dict):
-            v = v.get("pinned")
-            if isinstance(v, dict):
-                v = v.get("gbps") or v.get("bandwidth_gbps")
-        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-            return float(v)
-    for key in ("pinned_gbps", "h2d_pinned_gbps"):
-        v = prof.get(key)
-        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-            return float(v)
+    bws = prof.get("bandwidths") if isinstance(prof, dict) else None
+    v = bws.get("pinned") if isinstance(bws, dict) else None
+    if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+        return float(v)
     return None
 
 

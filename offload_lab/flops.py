@@ -104,7 +104,7 @@ def layer_flops(
     9.43
     """
     g = spec.group(group)
-    if not isinstance(layer, int) or not 0 <= layer < g.num_layers:
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
         raise FlopsError(f"layer {layer!r} is not in group {group!r}; accepted: 0..{g.num_layers - 1}")
     return _layer_flops(spec, g.layers[layer], resolve_tokens(spec, tokens),
                         _text_tokens(spec, text_tokens))

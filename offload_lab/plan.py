@@ -190,7 +190,7 @@ def _strided_resident(n: int, k: int) -> list[int]:
     return [i for i in range(n) if i not in streamed]
 
 
-def _count_of(value: Any, n: int, group: str, what: str) -> int | None:
+def _count_of(value: Any, n: int, what: str) -> int | None:
     """A count or fraction for a group of n layers; None when ``value`` is not one."""
     if isinstance(value, bool):
         raise PlanError(f"{what} {value!r} is a bool; expected a count, a fraction in (0, 1] "
@@ -222,7 +222,7 @@ def _resident_sets(
     if resident is None:
         return out
 
-    def place(group: str, n: int, k: int) -> tuple[set[int], str]:
+    def place(n: int, k: int) -> tuple[set[int], str]:
         idx = list(range(k)) if residency == "leading" else _strided_resident(n, k)
         return set(idx), f"{residency} {k} of {n}"
 
@@ -231,7 +231,7 @@ def _resident_sets(
             if group not in out:
                 raise PlanError(f"resident names group {group!r}, not in {spec.group_names}")
             n = spec.group(group).num_layers
-            k = _count_of(value, n, group, f"resident[{group!r}]")
+            k = _count_of(value, n, f"resident[{group!r}]")
             if k is None:
                 if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
                     raise PlanError(f"resident[{group!r}] {value!r} is not {accepted}")
@@ -256,23 +256,23 @@ def _resident_sets(
                     f"expected 0..{n}"
                 )
             else:
-                out[group] = place(group, n, k)
+                out[group] = place(n, k)
         return out
 
     sizes = {g.name: g.num_layers for g in spec.groups}
-    k = _count_of(resident, max(sizes.values()), "", "resident")
+    biggest = max(sizes.values())
+    k = _count_of(resident, biggest, "resident")
     if k is not None:
         if isinstance(resident, float) and resident > 0:
             # a fraction applies to each group's own size
-            return {g: place(g, n, int(round(resident * n))) for g, n in sizes.items()}
-        biggest = max(sizes.values())
+            return {g: place(n, int(round(resident * n))) for g, n in sizes.items()}
         if k > biggest:
             raise PlanError(
                 f"resident {resident!r} is more than the {biggest} layers of the largest group "
                 f"({', '.join(f'{g}: {n}' for g, n in sizes.items())}); expected a count 0..{biggest}"
             )
         # a count applies to each group, capped at the group's size
-        return {g: place(g, n, min(k, n)) for g, n in sizes.items()}
+        return {g: place(n, min(k, n)) for g, n in sizes.items()}
     if isinstance(resident, (str, bytes)) or not isinstance(resident, Iterable):
         raise PlanError(f"resident {resident!r} is not {accepted}")
     chosen: dict[str, set[int]] = {g: set() for g in sizes}
@@ -345,7 +345,6 @@ def _streamed_order(
 # -- the grant solver ----------------------------------------------------------------------------
 @dataclass
 class _Row:
-    comp: int
     group: str
     index: int
     bytes: int
@@ -378,12 +377,11 @@ class _Unit:
     init_order: list[str]
     rows: list[_Row]  # in spec order
     grant_order: list[_Row]
-    uses: int = 1
 
 
 def _build_unit(
     name: str, spec: ModelSpec, resident: Any, residency: str, order: Any, prefetch: int,
-    tier: Any, uses: int = 1,
+    tier: Any,
 ) -> _Unit:
     if not isinstance(spec, ModelSpec):
         raise PlanError(f"spec {spec!r} is not a ModelSpec; build one with spec_of(), "
@@ -402,7 +400,7 @@ def _build_unit(
         res_idx, how = sets[g.name]
         for layer in g.layers:
             b, m = store_bytes(layer)
-            row = _Row(0, g.name, layer.index, b, m, layer.index not in res_idx,
+            row = _Row(g.name, layer.index, b, m, layer.index not in res_idx,
                        how if layer.index in res_idx else "")
             rows.append(row)
             by_key[(g.name, layer.index)] = row
@@ -423,7 +421,7 @@ def _build_unit(
         "resident": _jsonable(resident), "residency": residency, "order": _jsonable(order),
         "prefetch": prefetch, "tier": tier,
     }
-    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant, uses)
+    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant)
 
 
 def _jsonable(value: Any) -> Any:
@@ -769,10 +767,14 @@ def _resolve_host(host: Any) -> HostMemory:
     )
 
 
-def _budget(host: HostMemory, pin_budget: Any) -> tuple[int, int | None]:
+def _budget(host: HostMemory, pin_budget: Any) -> tuple[int, int | None, list[str]]:
+    """``(budget, the user's budget in bytes or None, a note when the host capped it)``."""
     user = None if pin_budget is None else _parse(pin_budget, "pin_budget")
     spend = host.spendable
-    return (spend if user is None else min(user, spend)), user
+    if user is None or user <= spend:
+        return (spend if user is None else user), user, []
+    return spend, user, [f"pin_budget {format_bytes(user)} is more than the host can spend "
+                         f"({format_bytes(spend)}); capped"]
 
 
 def _finish(unit: _Unit, ledger: dict[str, Any], params: dict[str, Any], msgs: list[str],
@@ -788,9 +790,10 @@ def _finish(unit: _Unit, ledger: dict[str, Any], params: dict[str, Any], msgs: l
 
 
 def _check_forced_pinned(unit: _Unit, budget: int) -> None:
-    streamed = [r for r in unit.rows if r.streamed]
-    if unit.tier == "pinned" and streamed and min(r.bytes for r in streamed) > budget:
-        smallest = min(r.bytes for r in streamed)
+    if unit.tier != "pinned":
+        return
+    smallest = min((r.bytes for r in unit.rows if r.streamed), default=None)
+    if smallest is not None and smallest > budget:
         raise PlanError(
             f"tier 'pinned' is forced but no streamed layer of {unit.spec.name!r} fits the pin "
             f"budget {format_bytes(budget)} (the smallest is {format_bytes(smallest)}); accepted: "
@@ -850,12 +853,10 @@ def plan(
     unit = _build_unit(spec.name if isinstance(spec, ModelSpec) else "spec", spec, resident,
                        residency, order, prefetch, tier)
     host = _resolve_host(host)
-    budget, user = _budget(host, pin_budget)
+    budget, user, capped = _budget(host, pin_budget)
     _check_forced_pinned(unit, budget)
     (out,), msgs = _solve([unit], budget, host.headroom)
-    if user is not None and user > host.spendable:
-        msgs.insert(0, f"pin_budget {format_bytes(user)} is more than the host can spend "
-                       f"({format_bytes(host.spendable)}); capped")
+    msgs = capped + msgs
     ledger = _ledger(host, out)
     params = {"pin_budget": user, **unit.params}
     _emit(msgs)
@@ -864,7 +865,8 @@ def plan(
 
 def pinned_footprint(p: Plan | PipelinePlan, rounding: str = "exact") -> int:
     """Host bytes the plan's pins really lock: ``"exact"`` (offload-lab allocates each store at
-    its size) or ``"pow2"`` (an allocator rounding each per-dtype buffer up to a power of two).
+    its size) or ``"pow2"`` (a caching allocator rounding each layer's store — one allocation
+    per layer, as the runtime makes it — up to a power of two).
 
     >>> from offload_lab import catalog
     >>> p = plan(catalog.load("minimax-h3"), pin_budget="41.22GiB", host=HostMemory(available="64GiB"))
@@ -875,11 +877,7 @@ def pinned_footprint(p: Plan | PipelinePlan, rounding: str = "exact") -> int:
         return sum(pinned_footprint(c, rounding) for c in p.components.values())
     rounded_size(0, rounding)  # names the accepted modes on a bad one
     df = p.layers
-    total = 0
-    for r in df[df["pin_rank"].notna()].itertuples(index=False):
-        layer = p.spec.group(r.group).layers[int(r.layer)]
-        total += sum(rounded_size(b, rounding) for b in store_buffers(layer).values())
-    return total
+    return sum(rounded_size(int(b), rounding) for b in df.loc[df["pin_rank"].notna(), "bytes"])
 
 
 # -- pipelines -------------------------------------------------------------------------------------
@@ -1005,17 +1003,15 @@ def plan_pipeline(
         raise PlanError(f"component names must be unique; {dupes} appear more than once")
     ranked = sorted(comps, key=lambda c: -c.score)  # stable: ties keep the order given
     units = [
-        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier, c.uses)
+        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier)
         for c in ranked
     ]
     host = _resolve_host(host)
-    budget, user = _budget(host, pin_budget)
+    budget, user, capped = _budget(host, pin_budget)
     for u in units:
         _check_forced_pinned(u, budget)
     outcomes, msgs = _solve(units, budget, host.headroom)
-    if user is not None and user > host.spendable:
-        msgs.insert(0, f"pin_budget {format_bytes(user)} is more than the host can spend "
-                       f"({format_bytes(host.spendable)}); capped")
+    msgs = capped + msgs
     plans: dict[str, Plan] = {}
     rows = []
     for i, (c, u, out) in enumerate(zip(ranked, units, outcomes), start=1):

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .plan import store_bytes
 from .shipped import data_dir, searched
 from .timeline import Run
 
@@ -390,11 +391,6 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
     if plan_spec is not None and getattr(plan_spec, "name", spec.name) != spec.name:
         raise SimError(f"plan was made for spec {plan_spec.name!r}, not {spec.name!r}")
     by_key = {(str(g), int(i)): int(b) for g, i, b in zip(layers["group"], layers["layer"], layers["bytes"])}
-    try:
-        from .plan import store_bytes
-    except ImportError:  # a plan-like object without the planner: compare raw bytes only
-        def store_bytes(layer):
-            return layer.bytes, layer.mapped_bytes
     for g in spec.groups:
         n_plan = int((layers["group"] == g.name).sum())
         if n_plan != g.num_layers:
@@ -429,12 +425,16 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
 def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | None):
     layers, streamed, prefetch = _frame_plan(spec, plan)
     info: dict[tuple[str, int], _Layer] = {}
-    # a copy moves the layer's own bytes (the runtime packs them without the planner's alignment)
-    spec_bytes = {(layer.group, layer.index): (layer.bytes, layer.mapped_bytes) for layer in spec.iter_layers()}
+    # a copy moves the bytes the plan counts: the runtime packs each tensor slice on the
+    # planner's alignment and copies (and records) the whole store, so a simulated run's
+    # bytes are a measured run's
+    spec_mapped = {(layer.group, layer.index): layer.mapped_bytes for layer in spec.iter_layers()}
+    has_mapped = "mapped_bytes" in layers.columns
     used_tiers = set()
     for row in layers.itertuples(index=False):
         g, i, tier = str(row.group), int(row.layer), str(row.tier)
-        nbytes, mb = spec_bytes[(g, i)]
+        nbytes = int(row.bytes)
+        mb = int(row.mapped_bytes) if has_mapped else spec_mapped[(g, i)]
         is_streamed = bool(row.streamed)
         if is_streamed and tier == "resident":
             raise SimError(f"plan marks {g}.{i} streamed but tier 'resident'")
@@ -845,8 +845,9 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
       an engine copy (``contention * copy_priority``), and the copy per second of overlap with
       the host's work (``contention * (1 - copy_priority)``), are fitted from the same layer
       seen both alone and overlapped (e.g. a prefetch-0 and a prefetch-1 run passed together).
-      A side without that contrast takes :data:`CPU_PRIOR`; ``contention`` / ``copy_priority``
-      given here override both. Durations are de-rated to what each takes alone.
+      A side without that contrast takes :data:`CPU_PRIOR`; ``contention`` given here (with
+      ``copy_priority``, else the prior's) overrides both sides. Durations are de-rated to what
+      each takes alone.
 
     ``provenance`` is ``measured`` with the backend, device, creation time and label of the runs.
     ``tokens`` (default: the runs' ``meta["tokens"]``) is the video token count the runs used, so
@@ -874,8 +875,12 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     backend = runs[0].backend
     sim_prof = runs[0].meta.get("profile") or {}
     sync = backend == "cpu" or (backend == "sim" and sim_prof.get("compute_mode") == "sync")
-    if contention and not sync:
-        raise SimError(f"contention = {contention!r} for a {backend!r} run; it is modelled for cpu runs only")
+    if not sync and (contention or copy_priority is not None):
+        raise SimError(f"contention = {contention!r}, copy_priority = {copy_priority!r} for a {backend!r} "
+                       f"run; both are modelled for cpu runs only (leave them None)")
+    if contention is None and copy_priority is not None:
+        raise SimError(f"copy_priority = {copy_priority!r} without contention; pass contention= too "
+                       f"(a number in [0, 1]), or neither to fit both from the runs")
     parts = [_observe(r, sync) for r in runs]
     cat = {k: np.concatenate([p[k] for p in parts]) for k in ("comp_d", "comp_o", "copy_d", "copy_o",
                                                               "copy_bytes", "copy_mb", "copy_first",
@@ -980,10 +985,10 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     return _match_steps(prof, runs) if match_steps else prof
 
 
-def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int) -> float:
+def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
     """``simulate(...).step_time`` without building the Run's frames (calibration loops on it)."""
     _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
-    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, 1)
+    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes)
     kept = bounds.iloc[warmup:]
     return float((kept["end_s"] - kept["start_s"]).median())
 
@@ -1002,7 +1007,8 @@ def _match_steps(prof: DeviceProfile, runs: list[Run]) -> DeviceProfile:
         for r in runs:
             spec, plan = plan_of_run(r)
             warm = int(r.meta.get("warmup_dropped", 0) or 0)
-            got = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm)
+            got = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm,
+                               passes=_passes_of(r))
             resid.append(r.step_time - got)
         delta = float(np.median(resid))
         head = max(0.0, prof.step_head_s + delta)
@@ -1010,6 +1016,18 @@ def _match_steps(prof: DeviceProfile, runs: list[Run]) -> DeviceProfile:
             break
         prof = prof.replace(step_head_s=head)
     return prof
+
+
+def _passes_of(run: Run) -> int:
+    """Forwards per step, as the run shows them (each layer computes twice in a CFG step).
+
+    Step matching must simulate the same number, or the missing forwards would be booked as
+    per-step head time and counted again when the profile is simulated with ``passes``.
+    """
+    comp = run.events[run.events["kind"] == "compute"]
+    if not len(comp):
+        return 1
+    return max(1, int(round(comp.groupby(["step", "group", "layer"]).size().median())))
 
 
 def _observe(run: Run, sync: bool) -> dict[str, Any]:
@@ -1135,7 +1153,7 @@ def _fit_stretch(d: np.ndarray, o: np.ndarray, keys: list[tuple]) -> float | Non
     return float(min(max(np.median(per_key), 0.0), 1.0))
 
 
-def _fit_host_gaps(ev: pd.DataFrame, steps: pd.DataFrame) -> tuple[float, float, float]:
+def _fit_host_gaps(ev: pd.DataFrame, steps: pd.DataFrame) -> tuple[float, float]:
     """Per-layer host overhead and per-step host time outside the layers, from the events.
 
     Between two consecutive computes of a step, what is not a host block or a wait is the next
@@ -1168,7 +1186,7 @@ def _fit_host_gaps(ev: pd.DataFrame, steps: pd.DataFrame) -> tuple[float, float,
         outside.append(w - _busy_within(near, c0 - w, c0))
     hook = float(np.median(gaps)) if gaps else 0.0
     head = max(0.0, float(np.median(outside)) - hook) if outside else 0.0
-    return hook, head, 0.0
+    return hook, head
 
 
 def _busy_within(busy: list[tuple[float, float]], a: float, b: float) -> float:

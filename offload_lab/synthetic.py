@@ -171,9 +171,10 @@ def _dims_of(spec: ModelSpec) -> WanDims | H3Dims:
         if head_out % math.prod(patch):
             raise SyntheticError(f"head.head.weight rows {head_out} are not a multiple of patch {patch}")
         img_dim = shapes["img_emb.proj.1.weight"][1] if "img_emb.proj.1.weight" in shapes else None
+        head_dim = _wan_head_dim(spec, dim)
         return WanDims(
-            dim=dim, ffn=get("blocks.0.ffn.0.weight")[0], heads=dim // _wan_head_dim(spec, dim),
-            head_dim=_wan_head_dim(spec, dim), in_channels=in_ch,
+            dim=dim, ffn=get("blocks.0.ffn.0.weight")[0], heads=dim // head_dim,
+            head_dim=head_dim, in_channels=in_ch,
             out_channels=head_out // math.prod(patch), patch=patch,  # type: ignore[arg-type]
             text_dim=get("text_embedding.0.weight")[1], freq_dim=get("time_embedding.0.weight")[1],
             img_dim=img_dim,

@@ -23,10 +23,13 @@ from offload_lab.timeline import Run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 HOST = ol.HostMemory(available="64GiB")
-MB = 1_000_000
+# toy layers are whole MiB, a multiple of the store alignment, so a layer's packed store (what
+# the plan counts and a copy moves) is exactly its tensor bytes; the toy link moves 1 MiB per ms
+MiB = 2**20
+LINK = MiB / 1e6  # GB/s
 
 
-def toy(groups: dict[str, int] | None = None, nbytes: int = MB, mapped: bool = False) -> ModelSpec:
+def toy(groups: dict[str, int] | None = None, nbytes: int = MiB, mapped: bool = False) -> ModelSpec:
     """Layers of exactly ``nbytes`` (one float32 tensor each), in declared group order."""
     gs = [GroupSpec(g, [LayerSpec(g, i, [TensorSpec(f"{g}.{i}.w", (nbytes // 4,), "float32", mapped)])
                         for i in range(n)])
@@ -35,8 +38,8 @@ def toy(groups: dict[str, int] | None = None, nbytes: int = MB, mapped: bool = F
 
 
 def prof(mode: str = "async", **kw) -> DeviceProfile:
-    """1 GB/s links (1 MB = 1 ms), 2 ms per block, no host costs unless asked."""
-    base = dict(bandwidths={"pinned": 1.0, "pageable": 1.0, "mapped_warm": 1.0}, compute_s={"blocks": 0.002},
+    """Links moving 1 MiB per ms, 2 ms per block, no host costs unless asked."""
+    base = dict(bandwidths={"pinned": LINK, "pageable": LINK, "mapped_warm": LINK}, compute_s={"blocks": 0.002},
                 compute_mode=mode, provenance={"kind": "estimated", "sources": ["test numbers"]})
     base.update(kw)
     return DeviceProfile("test", **base)
@@ -122,8 +125,8 @@ def test_spec_plan_mismatch():
     plan = plan_of(toy({"blocks": 4}))
     with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
         simulate(toy({"blocks": 5}), plan, prof())
-    with pytest.raises(SimError, match=r"layer blocks\.0 has 1000192 bytes in the plan and 2000000"):
-        simulate(toy({"blocks": 4}, nbytes=2 * MB), plan, prof())
+    with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
+        simulate(toy({"blocks": 4}, nbytes=2 * MiB), plan, prof())
     with pytest.raises(SimError, match="plan groups"):
         simulate(toy({"other": 4}), plan, prof())
     with pytest.raises(SimError, match="no layers frame"):
@@ -161,7 +164,7 @@ def test_prefetch_1_hides_copies_shorter_than_compute():
 
 
 def test_copy_bound_prefetch_shows_waits():
-    spec = toy(nbytes=3 * MB)  # 3 ms copies, 1 ms computes
+    spec = toy(nbytes=3 * MiB)  # 3 ms copies, 1 ms computes
     run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), prof(compute_s={"blocks": 0.001}), steps=3)
     # layer 0's copy was issued by the previous step; layers 1..3 each wait 2 ms for theirs
     assert run.steps["wall_s"].tolist() == pytest.approx([0.010] * 3)
@@ -202,16 +205,26 @@ def test_wrap_around_prefetch_is_labelled_with_the_step_that_uses_it():
     assert first_copy["layer"] == 0
     # issued in step 1's last pre-hook, before step 1's last compute ended
     assert first_copy["start_s"] < rows(run, "compute", step=1)["end_s"].max()
-    assert (run.steps["bytes_moved"] == 4 * MB).all()
+    assert (run.steps["bytes_moved"] == 4 * MiB).all()
 
 
 def test_resident_layers_are_never_copied_in_a_step():
     spec = toy()
     run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1, resident=2), prof(), steps=3)
     assert set(rows(run, "copy")["layer"]) == {2, 3}
-    assert (run.steps["bytes_moved"] == 2 * MB).all()
-    assert run.meta["init"] == {"resident_layers": 2, "resident_bytes": 2 * 1000192}
+    assert (run.steps["bytes_moved"] == 2 * MiB).all()
+    assert run.meta["init"] == {"resident_layers": 2, "resident_bytes": 2 * MiB}
     assert run.layers.set_index("layer").loc[0, "tier"] == "resident"
+
+
+def test_copies_move_the_packed_store_the_plan_counts():
+    # the runtime copies and records a layer's whole packed store (slices on 256 B): 1000
+    # float32 = 4000 B take 4096 B, and a simulated run must count the same bytes
+    spec = toy(nbytes=4000)
+    plan = plan_of(spec, tier="pinned")
+    run = simulate(spec, plan, prof(), steps=2)
+    assert set(rows(run, "copy")["bytes"]) == {4096} == set(plan.layers["bytes"])
+    assert (run.steps["bytes_moved"] == 4 * 4096).all()
 
 
 def test_prefetch_deeper_than_the_streamed_layers_is_capped():
@@ -219,7 +232,7 @@ def test_prefetch_deeper_than_the_streamed_layers_is_capped():
     a = simulate(spec, plan_of(spec, tier="pinned", prefetch=2), prof(), steps=3)
     b = simulate(spec, plan_of(spec, tier="pinned", prefetch=7), prof(), steps=3)
     assert a.steps["wall_s"].tolist() == pytest.approx(b.steps["wall_s"].tolist())
-    assert (b.steps["bytes_moved"] == 3 * MB).all()
+    assert (b.steps["bytes_moved"] == 3 * MiB).all()
 
 
 def test_groups_run_in_declared_order_each_with_its_own_prefetch():
@@ -229,14 +242,14 @@ def test_groups_run_in_declared_order_each_with_its_own_prefetch():
     comp = rows(run, "compute", step=1).sort_values("start_s")
     assert comp["group"].tolist() == ["refiner"] * 2 + ["blocks"] * 4
     assert comp["layer"].tolist() == [0, 1, 0, 1, 2, 3]
-    assert (run.steps["bytes_moved"] == 6 * MB).all()
+    assert (run.steps["bytes_moved"] == 6 * MiB).all()
     # the group's first layer was prefetched by the previous step: no wait when blocks start
     assert not ((rows(run, "wait", step=1)["group"] == "blocks") & (rows(run, "wait", step=1)["layer"] == 0)).any()
 
 
 def test_mapped_first_copy_is_cold():
     spec = toy(mapped=True)
-    profile = prof(bandwidths={"mapped_warm": 1.0, "mapped_cold": 0.25})
+    profile = prof(bandwidths={"mapped_warm": LINK, "mapped_cold": LINK / 4})
     run = simulate(spec, plan_of(spec, tier="mapped", prefetch=1), profile, steps=3)
     copies = rows(run, "copy")
     cold = copies[copies["step"] == 0].set_index("layer")["dur_s"]
@@ -250,7 +263,7 @@ def test_guidance_passes_run_every_layer_twice_per_step():
     spec = toy()
     run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), prof(), steps=2, passes=2)
     assert run.steps["wall_s"].tolist() == pytest.approx([0.016] * 2)
-    assert (run.steps["bytes_moved"] == 8 * MB).all()
+    assert (run.steps["bytes_moved"] == 8 * MiB).all()
 
 
 def test_host_overheads_show_when_the_host_is_the_bottleneck():
@@ -266,7 +279,7 @@ def test_host_overheads_show_when_the_host_is_the_bottleneck():
 
 def test_frames_follow_the_contract_and_the_run_is_labelled_simulated(tmp_path):
     spec = toy({"refiner": 2, "blocks": 4})
-    run = simulate(spec, plan_of(spec, pin_budget=3 * MB, prefetch=1), prof(compute_s={"refiner": 0.001,
+    run = simulate(spec, plan_of(spec, pin_budget=3 * MiB, prefetch=1), prof(compute_s={"refiner": 0.001,
                                                                                         "blocks": 0.002}),
                    steps=4, warmup=1, label="my plan")
     assert run.simulated and run.backend == "sim" and run.meta["simulated"] is True
@@ -335,10 +348,10 @@ def test_sync_mode_thread_hand_offs():
 
 # -- calibration ---------------------------------------------------------------------------------------
 def test_calibrate_recovers_a_simulated_profile():
-    spec = toy({"refiner": 2, "blocks": 4}, nbytes=3 * MB)
+    spec = toy({"refiner": 2, "blocks": 4}, nbytes=3 * MiB)
     truth = prof(bandwidths={"pinned": 2.0, "pageable": 0.5}, compute_s={"refiner": 0.001, "blocks": 0.002},
                  hook_s=1e-4)
-    plan = plan_of(spec, pin_budget=3 * 3 * MB + 4096, prefetch=1)
+    plan = plan_of(spec, pin_budget=3 * 3 * MiB, prefetch=1)
     run = simulate(spec, plan, truth, steps=4)
     fit = calibrate(run)
     assert fit.bandwidths == pytest.approx({"pinned": 2.0, "pageable": 0.5})
@@ -350,6 +363,17 @@ def test_calibrate_recovers_a_simulated_profile():
     assert again.step_time == pytest.approx(run.step_time, rel=0.02)
 
 
+def test_calibrate_on_a_two_pass_step_reproduces_it_with_two_passes():
+    # a CFG step runs every layer twice; the step matching must simulate both forwards, or
+    # the second one is booked as per-step head time and paid again when simulated
+    spec = toy()
+    plan = plan_of(spec, tier="pinned", prefetch=1)
+    run = simulate(spec, plan, prof(step_head_s=5e-4), steps=3, passes=2)
+    fit = calibrate(run)
+    assert fit.step_head_s == pytest.approx(5e-4)
+    assert simulate(spec, plan, fit, steps=3, passes=2).step_time == pytest.approx(run.step_time)
+
+
 def test_calibrate_fits_contention_from_runs_with_and_without_overlap():
     spec = toy()
     truth = prof("sync", contention=0.6, copy_priority=0.75, hook_s=2e-4)
@@ -358,7 +382,7 @@ def test_calibrate_fits_contention_from_runs_with_and_without_overlap():
     assert fit.compute_mode == "sync" and fit.provenance["contention"] == "fitted"
     assert fit.contention == pytest.approx(0.6, abs=0.03)
     assert fit.copy_priority == pytest.approx(0.75, abs=0.03)
-    assert fit.bandwidths["pinned"] == pytest.approx(1.0, rel=0.05)
+    assert fit.bandwidths["pinned"] == pytest.approx(LINK, rel=0.05)
     assert fit.compute_s["blocks.1"] == pytest.approx(0.002, rel=0.05)
     one = calibrate(runs[1])
     assert one.provenance["contention"].startswith("prior")
@@ -373,6 +397,11 @@ def test_calibrate_refuses_what_it_cannot_use():
     spec = toy()
     a = simulate(spec, plan_of(spec), prof(), steps=1)
     b = simulate(spec, plan_of(spec), prof("sync"), steps=1)
+    # contention settings are never dropped silently: on a GPU-like run, or half given
+    with pytest.raises(SimError, match=r"copy_priority = 0.7 for a 'sim' run.*cpu runs only"):
+        calibrate(a, copy_priority=0.7)
+    with pytest.raises(SimError, match=r"copy_priority = 0.7 without contention"):
+        calibrate(b, copy_priority=0.7)
     b.meta["model"] = "other"
     with pytest.raises(SimError, match="one model"):
         calibrate([a, b])
