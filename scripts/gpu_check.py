@@ -220,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
-    ap.add_argument("--stage", choices=("all", "main", "extras", "diffusers"), default="all",
-                    help="main: smoke + measured runs; extras: the torch.profiler trace check; "
+    ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers"), default="all",
+                    help="main: smoke + measured runs; smoke: only the correctness checks; "
+                         "extras: the torch.profiler trace check; "
                          "diffusers: its group offloading observed beside ours, if diffusers is installed "
                          "(default all)")
     args = ap.parse_args(argv)
@@ -320,6 +321,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "diffusers":
             return 0
 
+    try:
+        res = smoke(dev, log=lambda m: print(m, flush=True))
+        (out / "smoke.json").write_text(json.dumps(res, indent=1))
+    except Exception:
+        print(f"  FAILED smoke:\n{traceback.format_exc()}", flush=True)
+    if args.stage == "smoke":
+        return 0
+
     # -- Wan2.1 T2V-1.3B, full width, bf16 ------------------------------------------------------
     spec13 = catalog.load("wan2.1-t2v-1.3b")
     print(f"[{elapsed():6.1f}s] building {spec13.name} synthetic ({offload_lab.format_bytes(spec13.total_bytes)})",
@@ -332,12 +341,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def mk(**kw):
         return offload_lab.plan(spec, host=big_host, **kw)
-
-    try:
-        res = smoke(dev, log=lambda m: print(m, flush=True))
-        (out / "smoke.json").write_text(json.dumps(res, indent=1))
-    except Exception:
-        print(f"  FAILED smoke:\n{traceback.format_exc()}", flush=True)
 
     measure("1.3B resident (no offload)", model, inputs, mk(resident=spec.groups[0].num_layers))
     measure("1.3B pinned p1", model, inputs, mk(tier="pinned", prefetch=1))

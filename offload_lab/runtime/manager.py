@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 from torch import nn
 
@@ -142,6 +143,11 @@ class OffloadManager:
 
     def _tier(self, group: str, layer: int) -> str:
         return self.plan.tier_of(group, layer)
+
+    def _pin_rank(self, group: str, layer: int) -> int | None:
+        df = self.plan.layers
+        rank = df.loc[(df["group"] == group) & (df["layer"] == layer), "pin_rank"]
+        return None if rank.empty or pd.isna(rank.iloc[0]) else int(rank.iloc[0])
 
     # -- enter / exit --------------------------------------------------------------------------
     def __enter__(self) -> OffloadManager:
@@ -299,7 +305,10 @@ class OffloadManager:
                     self._moved = [m for m in self._moved if m[0] is not s.param]
                     self._ledger(-s.numel * s.dtype.itemsize)
             if tier == "resident":
-                store.host_fill(pin=False, keep_original=lambda t: True)
+                # a pin granted to a resident layer's host copy is honoured: that copy is packed
+                # (and page-locked on cuda), so the plan's pinned bytes are what is really locked
+                granted = self._pin_rank(g.name, i) is not None
+                store.host_fill(pin=pin and granted, keep_original=keep if granted else (lambda t: True))
                 bufs = store.alloc_device(self.device)
                 store.copy_into(bufs, non_blocking=False)
                 store.bind(bufs)

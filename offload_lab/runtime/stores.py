@@ -116,13 +116,15 @@ class LayerStore:
         """Create the host copy of this layer for its tier.
 
         ``mapped`` keeps each parameter's original tensor (a view of the checkpoint's pages) as
-        its store. Otherwise the layer is packed into one buffer per dtype; an original for which
+        its store, and so does ``resident`` unless the plan granted its host copy a pin (the
+        planner grants resident layers' host copies pins after every streamed layer's). Otherwise the layer is packed into one buffer per dtype; an original for which
         ``keep_original`` is false (plain anonymous host memory) is dropped, since the packed
         copy replaces it and so costs no new anonymous memory; file-backed or device originals
         are kept for restore. An ``orig_data`` set beforehand (the naive init strategy's) wins.
         """
-        if self.tier in ("mapped", "resident"):
-            # no host copy: a resident layer is copied to the device once from its originals
+        if self.tier == "mapped" or (self.tier == "resident" and not pin):
+            # no host copy: a resident layer without a pin grant is copied to the device once,
+            # straight from its originals
             for s in self.slots:
                 if s.orig_data is None:
                     s.orig_data = s.param.data
@@ -159,8 +161,8 @@ class LayerStore:
         return {dt: torch.empty(n, dtype=dt, device=device) for dt, n in self.sizes().items()}
 
     def copy_into(self, dev: dict[torch.dtype, torch.Tensor], non_blocking: bool) -> None:
-        """Host store → device buffers: one copy per dtype (per tensor for file views)."""
-        if self.tier in ("mapped", "resident"):
+        """Host store → device buffers: one copy per dtype (per tensor where there is no packed store)."""
+        if not self.buffers:
             for s in self.slots:
                 _copy(dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape), s.orig_data, non_blocking)
             return
