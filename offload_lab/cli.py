@@ -70,31 +70,21 @@ class CliError(ValueError):
     """Command-line input the library could not check itself (a MODEL that is no model, ...)."""
 
 
-# -- small formatting helpers -------------------------------------------------------------------
-def _secs(x: float | None) -> str:
-    if x is None or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return "-"
-    if abs(x) >= 1:
-        return f"{x:.2f} s"
-    if abs(x) >= 1e-3:
-        return f"{x * 1e3:.1f} ms"
-    return f"{x * 1e6:.0f} µs"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.0%}"
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.2f}×"
-
-
+# -- small formatting helpers (seconds, ratios, percentages: viz.fmt_*) --------------------------
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
 def text_table(frame: pd.DataFrame, right: Sequence[str] = ()) -> str:
-    """A frame as aligned plain text: columns left-aligned, those named in ``right`` right-aligned."""
+    """A frame as aligned plain text: columns left-aligned, those named in ``right`` right-aligned.
+
+    >>> import pandas as pd
+    >>> print(text_table(pd.DataFrame({"run": ["pinned", "pageable"], "step": ["1.03 s", "1.9 s"]}),
+    ...                  right=("step",)))
+    run         step
+    pinned    1.03 s
+    pageable   1.9 s
+    """
     cols = [str(c) for c in frame.columns]
     cells = [[str(v) for v in row] for row in frame.itertuples(index=False)]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
@@ -106,21 +96,12 @@ def text_table(frame: pd.DataFrame, right: Sequence[str] = ()) -> str:
     return "\n".join([line(cols)] + [line(r) for r in cells])
 
 
-def _comparison_text(df: pd.DataFrame) -> str:
-    """A compare() frame as a plain-text table (seconds and ratios formatted for reading)."""
-    import pandas as pd
+def _comparison_text(runs: Sequence[Run]) -> str:
+    """The comparison of ``runs`` as a plain-text table (the table the magic and widgets show)."""
+    from .viz import comparison_frame
 
-    out = pd.DataFrame({
-        "run": df["label"].astype(str),
-        "tiers": df["tiers"].astype(str),
-        "step": [_secs(x) for x in df["step_s"]],
-        "ratio": [_ratio(x) for x in df["ratio"]],
-        "stall": [_secs(x) for x in df["stall_s"]],
-        "exposed copy": [_secs(x) for x in df["exposed_copy_s"]],
-        "overlap": [_pct(x) for x in df["overlap"]],
-        "vs bound": [_ratio(x) for x in df["vs_bound"]],
-    })
-    return text_table(out, right=("step", "ratio", "stall", "exposed copy", "overlap", "vs bound"))
+    return text_table(comparison_frame(runs),
+                      right=("step", "ratio", "stall", "exposed copy", "overlap", "vs bound"))
 
 
 # -- progress -----------------------------------------------------------------------------------
@@ -478,7 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- shared steps -------------------------------------------------------------------------------
 def resolve_spec(text: str) -> tuple[ModelSpec, str]:
-    """``(spec, kind)`` for a MODEL argument; kind is ``catalog``, ``safetensors`` or ``json``."""
+    """``(spec, kind)`` for a MODEL argument; kind is ``catalog``, ``safetensors`` or ``json``.
+
+    >>> spec, kind = resolve_spec("Wan2.1-T2V-14B")
+    >>> spec.name, kind
+    ('wan2.1-t2v-14b', 'catalog')
+    """
     from . import catalog
     from .spec import ModelSpec, SpecError
 
@@ -497,8 +483,9 @@ def resolve_spec(text: str) -> tuple[ModelSpec, str]:
     if p.suffix == ".json":
         try:
             return ModelSpec.from_json(p), "json"
-        except (SpecError, KeyError, TypeError, AttributeError) as e:
-            why = f" ({e})" if isinstance(e, SpecError) else ""
+        except (SpecError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            why = (f" ({e})" if isinstance(e, SpecError)
+                   else " (not UTF-8 text)" if isinstance(e, UnicodeDecodeError) else "")
             raise CliError(f"MODEL {text!r} is not an offload-lab model spec JSON{why}; "
                            f"accepted: {accepted}") from None
     raise CliError(f"MODEL {text!r} is a file of an unknown kind; accepted: {accepted}")
@@ -618,6 +605,7 @@ def choose_size(spec: ModelSpec, backend: str, quick: bool = False, scale: float
     """
     from . import flops, synthetic
     from .hostmem import HostMemory
+    from .viz import fmt_seconds
 
     biggest = max(layer.bytes for layer in spec.iter_layers())
     host = HostMemory.probe()
@@ -660,7 +648,7 @@ def choose_size(spec: ModelSpec, backend: str, quick: bool = False, scale: float
     t = _time_forward(probe, inputs)
     rate = flops.forward_flops(synthetic.spec_of(probe), tokens, text_tokens) / max(t, 1e-6)
     del probe, inputs
-    why.append(f"cpu: one block at scale {probe_scale:g} took {_secs(t)} at "
+    why.append(f"cpu: one block at scale {probe_scale:g} took {fmt_seconds(t)} at "
                f"{tokens} tokens, about {rate / 1e9:.0f} GFLOP/s; the width scale is the largest whose "
                f"forward of {sum(counts.values())} layers should take ≤ {target:g} s")
     mem_cap = min(2**30, host.available // 12)
@@ -677,7 +665,7 @@ def choose_size(spec: ModelSpec, backend: str, quick: bool = False, scale: float
         chosen = (c, flops.forward_flops(s, tokens, text_tokens) / rate, s.layer_bytes)
         why.append(f"even the smallest scale is slower than the target here (a busy machine?); using {c:g}")
     c, est, nbytes = chosen
-    why.append(f"chose scale {c:g}: {format_bytes(nbytes)} of layer weights, a forward ≈ {_secs(est)}")
+    why.append(f"chose scale {c:g}: {format_bytes(nbytes)} of layer weights, a forward ≈ {fmt_seconds(est)}")
     return Sizing(c, counts, tokens, text_tokens, why)
 
 
@@ -734,7 +722,7 @@ def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Modul
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``offload-lab profile MODEL --out RUN.zip``: a measured run of a synthetic model."""
-    from . import analysis, synthetic
+    from . import synthetic
     from .runtime import profile
 
     backend = _resolve_backend(args.backend)
@@ -760,7 +748,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                   init=args.init, label=args.label, progress=bar.steps(f"profiling on {backend}"))
     bar.close()
     path = run.save(args.out)
-    _say(_comparison_text(analysis.compare([run])))
+    _say(_comparison_text([run]))
     if backend == "cpu":
         _say(_CPU_NOTE.format(here="", where=" (offload-lab simulate)"))
     _say(f"saved {path.resolve()}")
@@ -771,6 +759,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """``offload-lab simulate MODEL --device NAME``: a simulated run, labelled so."""
     from . import analysis
     from .sim import DeviceProfile, simulate
+    from .viz import fmt_percent, fmt_ratio, fmt_seconds
 
     spec, _ = resolve_spec(args.model)
     profile = DeviceProfile.load(args.device)
@@ -790,18 +779,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    warmup=args.warmup, passes=args.passes)
     m = analysis.metrics(run)
     kind = profile.provenance.get("kind", "estimated")
-    _say(f"{run.label}: {_secs(m['step_s'])} per step (SIMULATED on the {kind} profile {profile.name!r}, "
-         f"not measured)")
-    _say(f"  stall {_secs(m['stall_s'])}, exposed copy {_secs(m['exposed_copy_s'])}, overlap "
-         f"{_pct(m['overlap'])}, {_ratio(m['vs_bound'])} its {m['bound']['limit']}-bound of "
-         f"{_secs(m['bound_s'])}")
+    _say(f"{run.label}: {fmt_seconds(m['step_s'])} per step (SIMULATED on the {kind} profile "
+         f"{profile.name!r}, not measured)")
+    _say(f"  stall {fmt_seconds(m['stall_s'])}, exposed copy {fmt_seconds(m['exposed_copy_s'])}, overlap "
+         f"{fmt_percent(m['overlap'])}, {fmt_ratio(m['vs_bound'])} its {m['bound']['limit']}-bound of "
+         f"{fmt_seconds(m['bound_s'])}")
     if args.out:
         _say(f"saved {run.save(args.out).resolve()}")
     return 0
 
 
 def _load_runs(items: Sequence[str]) -> list[Run]:
-
     paths: list[Path] = []
     for item in items:
         p = Path(item)
@@ -845,23 +833,21 @@ def _write_report(runs: list[Run], out: str, plan: Plan | None, title: str | Non
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``offload-lab report RUN.zip ...``: one offline HTML report."""
-    from . import analysis
-
     runs = _load_runs(args.runs)
     plan = None
     if args.plan:
-        from .plan import Plan
+        from .plan import Plan, PlanError
 
+        accepted = "accepted: the output of offload-lab plan MODEL --json"
         try:
             plan = Plan.from_json(Path(args.plan).read_text())
-        except json.JSONDecodeError as e:
-            raise CliError(f"--plan {args.plan!r} is not JSON ({e}); accepted: the output of "
-                           f"offload-lab plan MODEL --json") from None
-        except (KeyError, TypeError):
-            raise CliError(f"--plan {args.plan!r} is not an offload-lab plan; accepted: the output of "
-                           f"offload-lab plan MODEL --json") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CliError(f"--plan {args.plan!r} is not JSON ({e}); {accepted}") from None
+        except (PlanError, KeyError, TypeError) as e:
+            why = str(e) if isinstance(e, PlanError) else "not an offload-lab plan"
+            raise CliError(f"--plan {args.plan!r}: {why}; {accepted}") from None
     path = _write_report(runs, args.out, plan, args.title)
-    _say(_comparison_text(analysis.compare(runs)))
+    _say(_comparison_text(runs))
     _say(f"report: {path.resolve()}")
     return 0
 
@@ -873,15 +859,17 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     if args.devices:
         if args.name:
             raise CliError("catalog takes a model NAME or --devices, not both")
-        _say(f"{'device':<16} {'pinned':>8} {'pageable':>9} {'mapped':>8} {'TFLOP/s':>8}  compute  profile")
+        # bandwidths are rates: GB/s in the header, plain numbers in the rows
+        _say(f"{'device':<16} {'pinned':>8} {'pageable':>8} {'mapped':>8} {'TFLOP/s':>8}  compute  profile")
+        _say(f"{'':<16} {'GB/s':>8} {'GB/s':>8} {'GB/s':>8}")
+        nan = float("nan")
         for name in sim.names():
             d = sim.DeviceProfile.load(name)
             bw = d.bandwidths
-            mapped = bw.get("mapped_warm", bw.get("mapped_cold"))
+            mapped = bw.get("mapped_warm", bw.get("mapped_cold", nan))
             tf = f"{d.tflops:.0f}" if d.tflops else "-"
-            _say(f"{name:<16} {bw.get('pinned', float('nan')):>6.1f}GB {bw.get('pageable', float('nan')):>7.1f}GB "
-                 f"{mapped if mapped is not None else float('nan'):>6.1f}GB {tf:>8}  {d.compute_mode:<7}  "
-                 f"{d.provenance.get('kind')}: {d.provenance.get('machine', '')}")
+            _say(f"{name:<16} {bw.get('pinned', nan):>8.1f} {bw.get('pageable', nan):>8.1f} {mapped:>8.1f} "
+                 f"{tf:>8}  {d.compute_mode:<7}  {d.provenance.get('kind')}: {d.provenance.get('machine', '')}")
         _say("bandwidths in GB/s (1e9 bytes/s), host to device; use with offload-lab simulate MODEL --device NAME")
         return 0
     if args.name:
@@ -971,7 +959,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     import torch
 
-    from . import analysis, catalog, synthetic
+    from . import catalog, synthetic
     from .hostmem import HostMemory
     from .runtime import profile
     from .sim import DeviceProfile, simulate
@@ -1073,18 +1061,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say()
     _say(f"measured on {backend} — synthetic {name}, {size.describe()}, {steps} steps after "
          f"{warmup} warm-up:")
-    _say(_comparison_text(analysis.compare(measured)))
+    _say(_comparison_text(measured))
     if gpu_runs:
         _say()
         _say(f"MEASURED on {gpu_runs[0].meta.get('device_name', 'a GPU')} (shipped runs under data/runs, "
              f"scripts/gpu_check.py) — full-width synthetic {name}:")
-        _say(_comparison_text(analysis.compare(gpu_runs)))
+        _say(_comparison_text(gpu_runs))
     for prof in profiles:
         group = [r for r in sim_runs if r.meta.get("profile", {}).get("name") == prof.name]
         _say()
         _say(f"SIMULATED on {prof.name} ({prof.provenance.get('kind', 'estimated')} profile) — "
              f"full-size {name}, {format_bytes(spec.layer_bytes)} of layer weights, one forward per step:")
-        _say(_comparison_text(analysis.compare(group)))
+        _say(_comparison_text(group))
     _say()
     if backend == "cpu":
         gap = runs["pageable"].step_time / runs["pinned"].step_time

@@ -36,7 +36,6 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from IPython.core.magic_arguments import argument, magic_arguments
 
 if TYPE_CHECKING:
-    import pandas as pd
     from torch import nn
 
     from .plan import Plan
@@ -44,8 +43,7 @@ if TYPE_CHECKING:
     from .timeline import Run
 
 __all__ = ["OffloadMagics", "load_ipython_extension", "figure_html", "figure_bundle",
-           "spec_for_model", "summary_bundle", "comparison_frame", "user_traceback",
-           "MagicArgumentError"]
+           "spec_for_model", "summary_bundle", "user_traceback", "MagicArgumentError"]
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
 _CPU_NOTE = ("cpu backend: there is no DMA engine and no page-locking on a CPU, so pinned, pageable "
@@ -272,37 +270,6 @@ def _raised_in(tb: types.TracebackType | None, filenames: set[str]) -> bool:
 
 
 # -- summary display ------------------------------------------------------------------------------
-def comparison_frame(runs: list[Run]) -> pd.DataFrame:
-    """:func:`offload_lab.compare` formatted for reading: seconds, ratios and percentages.
-
-    >>> import offload_lab
-    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
-    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> list(comparison_frame([offload_lab.simulate(spec, p, "h200", steps=1)]).columns)[:4]
-    ['run', 'backend', 'tiers', 'step']
-    """
-    import pandas as pd
-
-    from .analysis import compare
-    from .viz import fmt_ratio, fmt_seconds
-
-    df = compare(runs)
-
-    def pct(x: float) -> str:
-        return "–" if x != x else f"{100 * x:.0f} %"
-
-    return pd.DataFrame({
-        "run": df["label"].astype(str),
-        "backend": [f"{b} (simulated)" if s else str(b) for b, s in zip(df["backend"], df["simulated"])],
-        "tiers": df["tiers"].astype(str),
-        "step": [fmt_seconds(x) for x in df["step_s"]],
-        "ratio": [fmt_ratio(x) for x in df["ratio"]],
-        "stall": [fmt_seconds(x) for x in df["stall_s"]],
-        "exposed copy": [fmt_seconds(x) for x in df["exposed_copy_s"]],
-        "overlap": [pct(x) for x in df["overlap"]],
-    })
-
-
 def summary_bundle(runs: list[Run], figures: bool = True, title: str | None = None) -> dict[str, str]:
     """The ``text/plain`` + ``text/html`` bundle the magic displays for ``runs``.
 
@@ -318,7 +285,7 @@ def summary_bundle(runs: list[Run], figures: bool = True, title: str | None = No
     """
     from . import viz
 
-    table = comparison_frame(runs)
+    table = viz.comparison_frame(runs)
     head = title or ("offload_profile: " + (runs[0].meta.get("model") or "model"))
     notes = []
     if any(r.backend == "cpu" for r in runs) and len(runs) > 1:
@@ -498,8 +465,9 @@ class OffloadMagics(Magics):
                                     progress=lambda k, n, done=done: done.__setitem__(0, k)))
             except KeyboardInterrupt as e:
                 which = f" ({tier} run)" if tier else ""
+                # runs finished before this one are dropped too: nothing is returned or shown
                 msg = (f"%offload_profile stopped by Ctrl-C during step {done[0] + 1} of {total}"
-                       f"{which}; the model is restored and this run was not recorded")
+                       f"{which}; the model is restored and no run was recorded")
                 stop = KeyboardInterrupt(msg)
                 stop._render_traceback_ = lambda m=msg: [f"KeyboardInterrupt: {m}"]
                 raise stop from e

@@ -214,6 +214,47 @@ def fmt_ratio(q: float) -> str:
     return f"×{q:.2f}" if abs(q) < 10 else f"×{q:.3g}"
 
 
+def fmt_percent(share: float | None) -> str:
+    """A share (0..1) as a whole percentage.
+
+    >>> fmt_percent(0.153), fmt_percent(1.0), fmt_percent(float("nan"))
+    ('15 %', '100 %', '–')
+    """
+    if share is None or not math.isfinite(share):
+        return "–"
+    return f"{share * 100:.0f} %"
+
+
+def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
+    """:func:`analysis.compare` as text for reading: seconds, ratios and percentages formatted.
+
+    The one text table of runs: the command line prints it, the magic and PlanExplorer show it.
+    ``backend`` says ``(simulated)`` for simulated runs, so a prediction never reads as a
+    measurement even where its label does not say so.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> df = comparison_frame([offload_lab.simulate(spec, p, "h200", steps=1)])
+    >>> list(df.columns)
+    ['run', 'backend', 'tiers', 'step', 'ratio', 'stall', 'exposed copy', 'overlap', 'vs bound']
+    >>> df["backend"][0]
+    'sim (simulated)'
+    """
+    df = analysis.compare(runs)
+    return pd.DataFrame({
+        "run": df["label"].astype(str),
+        "backend": [f"{b} (simulated)" if s else str(b) for b, s in zip(df["backend"], df["simulated"])],
+        "tiers": df["tiers"].astype(str),
+        "step": [fmt_seconds(x) for x in df["step_s"]],
+        "ratio": [fmt_ratio(x) for x in df["ratio"]],
+        "stall": [fmt_seconds(x) for x in df["stall_s"]],
+        "exposed copy": [fmt_seconds(x) for x in df["exposed_copy_s"]],
+        "overlap": [fmt_percent(x) for x in df["overlap"]],
+        "vs bound": [fmt_ratio(x) for x in df["vs_bound"]],
+    })
+
+
 def _byte_unit(largest: float) -> tuple[float, str]:
     """Divisor and unit name so that the largest value reads as a plain number."""
     for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -653,12 +694,13 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
     for k, (strat, name, peak, sim, pred) in enumerate(measured):
         # one trace per run: runs measured with the same strategy sit side by side
         note = f" (planner predicted {format_bytes(pred)})" if isinstance(pred, (int, float)) else ""
+        how = "simulated" if sim else "measured"
         traces.append(dict(
-            type="bar", x=[strat], y=[peak / div], name=f"measured · {name}",
+            type="bar", x=[strat], y=[peak / div], name=f"{how} · {name}",
             marker=dict(color=RUN_COLORS[k % len(RUN_COLORS)], line=dict(width=0),
                         pattern=_pattern(SIM_PATTERN if sim else "")),
             text=[format_bytes(peak)], textposition="outside", cliponaxis=False,
-            hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} measured by {name}{note}<extra></extra>"))
+            hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} {how} by {name}{note}<extra></extra>"))
     top = max(values) / div if values else 1.0
     return _figure(traces, title, 320,
                    xaxis=dict(type="category", categoryorder="array", categoryarray=strategies),
@@ -666,5 +708,6 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
                    barmode="group", showlegend=True)
 
 
-__all__ = ["TIER_COLORS", "VizError", "bandwidth", "esc", "memory", "run_name", "startup_peaks",
-           "step_times", "tier_color", "tier_map", "timeline"]
+__all__ = ["TIER_COLORS", "VizError", "bandwidth", "comparison_frame", "esc", "fmt_percent",
+           "fmt_ratio", "fmt_seconds", "memory", "run_name", "startup_peaks", "step_times",
+           "tier_color", "tier_map", "timeline"]

@@ -39,7 +39,7 @@ import ipywidgets as W
 
 from . import analysis, viz
 from .hostmem import HostMemory
-from .magic import comparison_frame, figure_bundle, spec_for_model
+from .magic import figure_bundle, spec_for_model
 from .plan import (
     FORCED_TIERS,
     ORDERS,
@@ -355,12 +355,8 @@ class PlanExplorer:
             top = self._budget_max()
             at_max = keep_max or self.budget.value >= self.budget.max - self.budget.step / 2
             step = _nice_step(top)
-            if top >= self.budget.max:
-                self.budget.max = top
-                self.budget.step = step
-            else:
-                self.budget.step = step
-                self.budget.max = top
+            self.budget.max = top  # clamps the value when the range shrinks
+            self.budget.step = step
             if at_max:
                 self.budget.value = top
             digits = max(0, -int(math.floor(math.log10(step)))) if step < 1 else 0
@@ -674,6 +670,6 @@ class PlanExplorer:
             return
         self.figures["step_times"] = viz.step_times(self.runs)
         self.figures["bandwidth"] = viz.bandwidth(self.runs)
-        self.comparison_html.value = comparison_frame(self.runs).to_html(index=False, border=0,
-                                                                         escape=True)
+        self.comparison_html.value = viz.comparison_frame(self.runs).to_html(index=False, border=0,
+                                                                             escape=True)
         self._render(self.comparison_out, self.figures["step_times"], self.figures["bandwidth"])

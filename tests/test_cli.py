@@ -106,6 +106,13 @@ def test_corrupt_files_give_one_line(tmp_path: Path) -> None:
     bad_st = tmp_path / "model.safetensors"
     bad_st.write_bytes(b"\xff" * 16)
     assert_one_line_error(cli("plan", bad_st), "model.safetensors")
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes('{"name": "café"}'.encode("latin-1"))
+    assert_one_line_error(cli("plan", latin), "latin1.json", "UTF-8")
+    # --plan is read after the runs: a trace stands in for a saved run
+    trace = Path(__file__).parent / "data" / "traces" / "gpu_two_steps.json"
+    assert_one_line_error(cli("report", trace, "--plan", latin), "latin1.json", "not JSON")
+    assert_one_line_error(cli("report", trace, "--plan", bad_spec), "spec.json", "offload-lab plan")
 
 
 # -- profile -> simulate -> report --------------------------------------------------------------

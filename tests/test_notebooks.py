@@ -9,7 +9,6 @@ HTML must still hold every figure's div and the plotly.js bundle.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -160,45 +159,14 @@ def test_quickstart_magic_and_explorer_outputs(tmp_root):
 def test_exported_notebooks_draw_offline_in_chromium(tmp_root):
     """Open each exported notebook in headless Chromium with the network cut: every static
     figure must be drawn by the inlined plotly.js (widget views need CDN scripts; not counted)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from browser import CHROMIUM, CHROMIUM_ARGS, chromium_available
+    from browser import Visit, chromium_available, open_pages
 
     why = chromium_available()
     if why:
         pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-
-    all_drawn = ("() => [...document.querySelectorAll('.plotly-graph-div')]"
-                 ".every(d => d.classList.contains('js-plotly-plot') && d.querySelector('.main-svg'))")
-    count = ("() => [document.querySelectorAll('.plotly-graph-div').length, "
-             "[...document.querySelectorAll('.plotly-graph-div.js-plotly-plot')]"
-             ".filter(d => d.querySelector('.main-svg')).length]")
-    local = ("file:", "data:", "about:", "blob:")
     pages = {n: executed(n, tmp_root)["html"] for n in NAMES}
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            ctx = browser.new_context(offline=True)
-            for name, path in pages.items():
-                page = ctx.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
-                page.route("**/*", lambda route, request: route.continue_()
-                           if request.url.startswith(local) else route.abort())
-                page.goto(path.resolve().as_uri(), wait_until="load", timeout=120_000)
-                page.wait_for_function(all_drawn, timeout=120_000)
-                figures, drawn = page.evaluate(count)
-                assert figures >= MIN_FIGURES[name] and drawn == figures, (name, figures, drawn)
-                assert not [e for e in errors if "Plotly" in e], (name, errors)
-                page.close()
-        finally:
-            browser.close()
-
-
-def test_executed_notebooks_are_reported():
-    """Print the execution times of the notebooks executed in this session (``-s`` shows them)."""
-    if not _CACHE:
-        pytest.skip("no notebook was executed in this session")
-    times = {n: round(v["seconds"], 1) for n, v in _CACHE.items()}
-    print("notebook execution times (s):", json.dumps(times))
-    assert all(t > 0 for t in times.values())
+    for name, page in zip(pages, open_pages([Visit(p) for p in pages.values()], timeout_ms=120_000)):
+        assert page.figures >= MIN_FIGURES[name] and page.rendered == page.figures, \
+            (name, page.figures, page.rendered)
+        # the widget views' own scripts fail offline; plotly's must not
+        assert not [e for e in page.page_errors if "Plotly" in e], (name, page.page_errors)

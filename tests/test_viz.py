@@ -14,7 +14,6 @@ from offload_lab.timeline import Run
 from offload_lab.viz import TIER_COLORS, VizError
 
 HOST = offload_lab.HostMemory(available="256GiB")
-XSS = "</script><script>alert(1)</script>"
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +194,11 @@ def test_startup_peaks_from_plan_and_runs(h3_plan, measured):
     fig = viz.startup_peaks(measured)
     assert [t.name for t in fig.data] == ["measured · pinned", "measured · &lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"]
     assert all(list(t.x) == [r.meta["init_strategy"]] for t, r in zip(fig.data, measured))
+    # a simulated run's peak is never labelled measured
+    sim = Run.build([], [], measured[0].layers, meta={
+        "label": "predicted", "simulated": True, "startup_peak_bytes": 2**30, "init_strategy": "naive"})
+    (bar,) = viz.startup_peaks([sim]).data
+    assert bar.name == "simulated · predicted (simulated)" and "measured" not in bar.hovertemplate
     with pytest.raises(VizError, match="item 0 is int"):
         viz.startup_peaks([3])
     with pytest.raises(VizError, match="expected a Plan, a Run, or a list"):
@@ -220,6 +224,18 @@ def test_formatters():
     assert viz.fmt_seconds(0.9996) == "1 s"
     assert viz.fmt_seconds(float("nan")) == "–"
     assert viz.fmt_ratio(np.float64(1.9)) == "×1.90"
+    assert viz.fmt_percent(np.float64(0.25)) == "25 %"
+
+
+def test_comparison_frame_reads_like_compare(measured, h3_sim):
+    runs = measured + [h3_sim]
+    raw, text = offload_lab.compare(runs), viz.comparison_frame(runs)
+    assert text["run"].tolist() == [r.label for r in runs]
+    assert text["backend"].tolist() == ["cpu", "cpu", "sim (simulated)"]
+    assert text["step"].tolist() == [viz.fmt_seconds(r.step_time) for r in runs]
+    assert text["ratio"][0] == "×1.00"
+    assert text["ratio"][2] == viz.fmt_ratio(h3_sim.step_time / measured[0].step_time)
+    assert text["overlap"].tolist() == [f"{100 * x:.0f} %" for x in raw["overlap"]]
 
 
 def test_figures_say_why_they_are_empty():

@@ -194,7 +194,6 @@ def test_export_report(ex, tmp_path):
 
 
 def test_add_without_a_run_is_an_error_not_a_crash(ex):
-    ex.add_to_comparison  # noqa: B018 - the method exists
     ex.add_button.click()
     assert ex.runs == []
     assert "Simulate or Run" in ex.error
