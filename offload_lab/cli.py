@@ -720,10 +720,26 @@ def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Modul
     return synthetic.build(spec, scale=size.scale, layers=size.layers), size, "built"
 
 
+def _writable(out: str | os.PathLike | None) -> None:
+    """Refuse an output path that cannot be written before minutes of work, not after."""
+    if out is None:
+        return
+    parent = Path(out).resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)  # saving would create it anyway
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise CliError(f"cannot write {str(out)!r}: {str(parent)!r} is not a writable directory "
+                       f"({e.strerror or e})") from None
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """``offload-lab profile MODEL --out RUN.zip``: a measured run of a synthetic model."""
     from . import synthetic
     from .runtime import profile
+
+    _writable(args.out)
 
     backend = _resolve_backend(args.backend)
     threads = _set_threads(backend, args.threads)
@@ -760,6 +776,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from . import analysis
     from .sim import DeviceProfile, simulate
     from .viz import fmt_percent, fmt_ratio, fmt_seconds
+
+    _writable(args.out)
 
     spec, _ = resolve_spec(args.model)
     profile = DeviceProfile.load(args.device)
@@ -833,6 +851,7 @@ def _write_report(runs: list[Run], out: str, plan: Plan | None, title: str | Non
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``offload-lab report RUN.zip ...``: one offline HTML report."""
+    _writable(args.out)
     runs = _load_runs(args.runs)
     plan = None
     if args.plan:
@@ -956,6 +975,7 @@ def _shipped_gpu_runs(model: str) -> list[Run]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``offload-lab demo``: measured runs of a scaled model, simulated full-size runs, one report."""
+    _writable(args.out)
     t_start = time.perf_counter()
     import torch
 

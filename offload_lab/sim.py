@@ -285,15 +285,17 @@ class DeviceProfile:
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> DeviceProfile:
         text = str(path_or_text)
+        where = "device profile"
         if not text.lstrip().startswith("{"):
+            where = f"device profile {text!r}"
             try:
                 text = Path(path_or_text).read_text()
-            except OSError as e:
-                raise ProfileError(f"cannot read device profile {str(path_or_text)!r}: {e}") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise ProfileError(f"cannot read {where}: {e}") from None
         try:
             return cls.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
-            raise ProfileError(f"device profile is not valid JSON: {e}") from None
+            raise ProfileError(f"{where} is not valid JSON: {e}") from None
 
     @classmethod
     def load(cls, name: str | os.PathLike) -> DeviceProfile:

@@ -243,16 +243,23 @@ class Run:
         path = Path(path)
         if path.suffix != ".zip":
             path = path.with_name(path.name + ".zip")
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._write(tmp)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"cannot write run {str(path)!r}: {e.strerror or e}") from None
+        os.replace(tmp, path)
+        return path
+
+    def _write(self, tmp: Path) -> None:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
             z.writestr("meta.json", json.dumps({"format": FORMAT, "version": 1, "meta": self.meta}, indent=1))
             for name in ("events", "layers", "steps", "memory"):
                 buf = io.BytesIO()
                 getattr(self, name).to_parquet(buf, engine="pyarrow", index=False)
                 z.writestr(f"{name}.parquet", buf.getvalue())
-        os.replace(tmp, path)
-        return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Run:

@@ -174,3 +174,11 @@ def test_report_reads_profiler_traces_beside_runs(tmp_path: Path) -> None:
     assert "h200_offload_trace" in r.stdout and "3 pinned, 3 pageable" in r.stdout
     (tmp_path / "cut.json").write_text('{"traceEvents": [')
     assert_one_line_error(cli("report", tmp_path / "cut.json"), "truncated")
+
+
+def test_unwritable_output_is_refused_before_the_work(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    r = cli("profile", "wan2.1-t2v-1.3b", "--scale", "0.05", "--layers", "2",
+            "--out", tmp_path / "file" / "run.zip")
+    assert_one_line_error(r, "cannot write", "not a writable directory")
+    assert "profiling" not in r.stderr + r.stdout
