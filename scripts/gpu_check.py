@@ -72,7 +72,7 @@ def smoke(dev, log=print) -> dict:
     host = HostMemory(available="64GiB")
     results: dict = {"identical": {}, "restored": {}, "startup_peak": {}}
     model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.1, layers=6, dtype=torch.bfloat16)
-    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in synthetic.example_inputs(model, tokens=512).items()}
+    inputs = synthetic.example_inputs(model, tokens=512, device=dev)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         ref = model.to(dev)(**inputs)
@@ -130,7 +130,7 @@ def trace_check(dev, out: Path, log=print) -> dict:
 
     scale, tokens = (1.0, 2048) if dev.type == "cuda" else (0.1, 64)  # a cpu dry run stays small
     model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=scale, layers=6, dtype=torch.bfloat16)
-    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in synthetic.example_inputs(model, tokens=tokens).items()}
+    inputs = synthetic.example_inputs(model, tokens=tokens, device=dev)
     spec = offload_lab.spec_of(model)
     full = offload_lab.plan(spec, host=HostMemory(available="64GiB"))
     half = int(full.layers["bytes"].iloc[0]) * 3
@@ -185,8 +185,7 @@ def diffusers_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, l
     kw = {"layers": layers} if layers else {}
     model = fast_build(spec13, dev, **kw) if dev.type == "cuda" else synthetic.build(
         spec13, scale=0.05, dtype=torch.bfloat16, **kw)
-    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v)
-              for k, v in synthetic.example_inputs(model, tokens=tokens).items()}
+    inputs = synthetic.example_inputs(model, tokens=tokens, device=dev)
     spec = offload_lab.spec_of(model, name=spec13.name)
     ours = offload_lab.profile(model, lambda: model(**inputs),
                                offload_lab.plan(spec, tier="pinned", prefetch=1, host=HostMemory(available="64GiB")),
@@ -334,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[{elapsed():6.1f}s] building {spec13.name} synthetic ({offload_lab.format_bytes(spec13.total_bytes)})",
           flush=True)
     model = fast_build(spec13, dev)
-    inputs = {k: (v.to(dev) if torch.is_tensor(v) else v)
-              for k, v in synthetic.example_inputs(model, tokens=args.tokens).items()}
+    inputs = synthetic.example_inputs(model, tokens=args.tokens, device=dev)
     spec = offload_lab.spec_of(model, name=spec13.name)
     big_host = HostMemory(available=host.available)
 
@@ -352,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # copy-bound regime: few tokens, so each block's compute is shorter than its copy
     inputs_tokens[0] = 1024
-    small = {k: (v.to(dev) if torch.is_tensor(v) else v)
-             for k, v in synthetic.example_inputs(model, tokens=1024).items()}
+    small = synthetic.example_inputs(model, tokens=1024, device=dev)
     measure("1.3B pinned p1 1k-tok", model, small, mk(tier="pinned", prefetch=1))
     measure("1.3B pageable p1 1k-tok", model, small, mk(tier="pageable", prefetch=1))
     inputs_tokens[0] = args.tokens
@@ -378,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{elapsed():6.1f}s] building {spec14.name} synthetic ({offload_lab.format_bytes(spec14.total_bytes)})",
               flush=True)
         model = fast_build(spec14, dev)
-        inputs = {k: (v.to(dev) if torch.is_tensor(v) else v)
-                  for k, v in synthetic.example_inputs(model, tokens=args.tokens).items()}
+        inputs = synthetic.example_inputs(model, tokens=args.tokens, device=dev)
         spec = offload_lab.spec_of(model, name=spec14.name)
         measure("14B pinned p1", model, inputs, offload_lab.plan(spec, tier="pinned", host=big_host))
         measure("14B pageable p1", model, inputs, offload_lab.plan(spec, tier="pageable", host=big_host))
