@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     layers = len(runs[0].layers)
     events = sum(len(r.events) for r in runs)
 
-    from offload_lab.report import report
+    from offload_lab.views.report import report
 
     rows = []
     out = Path(args.out)

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from record_sim_fixtures import build_model, load_plan, make_plans, measure
 
-    from offload_lab import sim
-    from offload_lab.timeline import Run
+    from offload_lab.record.run import Run
+    from offload_lab.simulation import engine as sim
 
     if args.runs and (Path(args.runs) / "manifest.json").exists():
         d = Path(args.runs)

@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     import offload_lab as ol
-    from offload_lab import sim
-    from offload_lab.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
-    from offload_lab.timeline import Run
+    from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
+    from offload_lab.record.run import Run
+    from offload_lab.simulation import engine as sim
 
     rows = []
 

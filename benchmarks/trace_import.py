@@ -7,7 +7,7 @@ calls, kernels and ``ac2g`` flow events; prefetch copies for the next block as
 ``cudaMemcpyAsync`` + ``Memcpy HtoD (Pinned|Pageable -> Device)`` on a copy stream; metadata
 rows), then imports it in a fresh process per format and prints a table of seconds and peak
 RSS (``resource.getrusage``: the child's maximum resident set, and that minus the RSS after
-``import offload_lab.traceimport``).
+``import offload_lab.record.kineto``).
 
     .venv/bin/python benchmarks/trace_import.py                 # 1 M events, .json and .json.gz
     .venv/bin/python benchmarks/trace_import.py --events 200000 --tracemalloc --json-load
@@ -222,7 +222,7 @@ def write_trace(path: Path, events: int, layers: int = LAYERS) -> int:
 
 _CHILD = r"""
 import resource, sys, time, json
-import offload_lab.traceimport as ti
+import offload_lab.record.kineto as ti
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 mode, path = sys.argv[1], sys.argv[2]
 t = time.perf_counter()

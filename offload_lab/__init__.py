@@ -6,8 +6,13 @@
 >>> int((plan.layers["tier"] == "pinned").sum())
 12
 
-Everything is imported lazily: ``import offload_lab`` pulls in neither plotly nor ipywidgets,
-so the package and its GPU check run on machines that have only torch and pandas.
+The package follows the flow of data: ``model`` (specs, checkpoints, catalog) → ``planning``
+(host memory, the planner) → ``record`` (the ``Run``, the runtime, the observer, trace import)
+→ ``simulation`` (device profiles, the engine, calibration) → ``analysis`` → ``views``
+(figures, the report) → ``notebook`` and ``cli``. The public API lives here, at the root.
+
+Everything is imported lazily: ``import offload_lab`` pulls in neither torch, plotly nor
+ipywidgets, so the package and its GPU check run on machines that have only torch and pandas.
 """
 
 from __future__ import annotations
@@ -19,51 +24,50 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "ModelSpec": "spec", "GroupSpec": "spec", "LayerSpec": "spec", "TensorSpec": "spec",
-    "spec_of": "spec", "SpecError": "spec",
+    "ModelSpec": "model.spec", "GroupSpec": "model.spec", "LayerSpec": "model.spec",
+    "TensorSpec": "model.spec", "spec_of": "model.spec", "SpecError": "model.spec",
     "parse_size": "units", "format_bytes": "units",
-    "HostMemory": "hostmem", "is_file_backed": "hostmem",
-    "Plan": "plan", "plan": "plan", "plan_pipeline": "plan", "Component": "plan",
-    "PlanError": "plan",
-    "Run": "timeline",
-    "OffloadManager": "runtime", "offload": "runtime", "profile": "runtime",
-    "compare": "analysis", "bound": "analysis", "metrics": "analysis",
-    "DeviceProfile": "sim", "simulate": "sim", "calibrate": "sim",
-    "report": "report", "Report": "report",
-    "PlanExplorer": "widgets",
-    "observe": "observe", "from_torch_profiler": "traceimport",
+    "HostMemory": "planning.hostmem", "is_file_backed": "planning.hostmem",
+    "Plan": "planning.planner", "plan": "planning.planner", "plan_pipeline": "planning.planner",
+    "Component": "planning.planner", "PlanError": "planning.planner",
+    "Run": "record.run",
+    "OffloadManager": "record.runtime", "offload": "record.runtime", "profile": "record.runtime",
+    "observe": "record.observer", "from_torch_profiler": "record.kineto",
+    "compare": "analysis.summary", "bound": "analysis.summary", "metrics": "analysis.summary",
+    "DeviceProfile": "simulation.engine", "simulate": "simulation.engine",
+    "calibrate": "simulation.engine",
+    "report": "views.report", "Report": "views.report",
+    "PlanExplorer": "notebook.explorer",
 }
-_SUBMODULES = {"catalog", "synthetic", "analysis", "viz", "spec", "plan", "hostmem", "timeline",
-               "runtime", "sim", "report", "widgets", "magic", "units", "flops", "traceimport",
-               "observe", "cli"}
+# submodules users reach from the root: ``offload_lab.catalog.load(...)``
+_MODULES = {
+    "catalog": "model.catalog", "synthetic": "model.synthetic", "flops": "model.flops",
+    "figures": "views.figures",
+}
+_PACKAGES = {"model", "planning", "record", "simulation", "analysis", "views", "notebook", "cli"}
 
-__all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
-
-
-# Where a function shares its module's name (``plan``, ``report``), importing the submodule
-# would rebind the package attribute to the module; binding the function once, eagerly, keeps
-# ``offload_lab.plan(...)`` a call. Both modules are light (no plotly at import).
-from .plan import plan as plan  # noqa: E402
-from .report import report as report  # noqa: E402
+__all__ = sorted(_EXPORTS) + sorted(_MODULES)
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-        value = getattr(mod, name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in _PACKAGES:
         return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'offload_lab' has no attribute {name!r}")
+    else:
+        raise AttributeError(f"module 'offload_lab' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
     return __all__
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext offload_lab`` registers ``%offload_profile``."""
-    from .magic import load_ipython_extension as _load
+    from offload_lab.notebook.magic import load_ipython_extension as _load
 
     _load(ipython)

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a clone without an install
 
-from offload_lab.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec  # noqa: E402
+from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec  # noqa: E402
 
 OUT_DIR = ROOT / "data" / "models"
 BF16, FP32 = "bfloat16", "float32"

@@ -36,7 +36,7 @@ import plotly.io as pio
 import torch
 
 import offload_lab
-from offload_lab import catalog, synthetic, viz
+from offload_lab import catalog, figures, synthetic
 from offload_lab.units import format_bytes
 
 # plotly >= 6.1 shows a figure in a kernel only as the plotly mimetype, which
@@ -140,10 +140,10 @@ QUICKSTART = [
     not there yet. Hover a bar for its layer, bytes, duration and GB/s.
     """),
     code('''
-    viz.timeline(run)
+    figures.timeline(run)
     '''),
     code('''
-    viz.tier_map(plan)
+    figures.tier_map(plan)
     '''),
     md("""
     ## 4. Compare plans — measured here, simulated for the real model
@@ -168,7 +168,7 @@ QUICKSTART = [
     offload_lab.compare(runs)
     '''),
     code('''
-    viz.step_times(runs)
+    figures.step_times(runs)
     '''),
     md("""
     ## 5. A report you can send
@@ -253,7 +253,7 @@ QUICKSTART = [
                                         label=f"{t} · measured on {torch.cuda.get_device_name()}")
                     for t in ("pinned", "pageable")]
         display(offload_lab.compare(gpu_runs))
-        display(viz.step_times(gpu_runs))
+        display(figures.step_times(gpu_runs))
     else:
         print("skipped: no CUDA device here. On a GPU this cell profiles a larger scaled model "
               "pinned vs pageable on the cuda backend.")
@@ -320,7 +320,7 @@ WAN = [
     fig
     '''),
     code('''
-    profiles = {n: offload_lab.DeviceProfile.load(n) for n in offload_lab.sim.names()}
+    profiles = {n: offload_lab.DeviceProfile.load(n) for n in offload_lab.DeviceProfile.names()}
     s14 = specs["wan2.1-t2v-14b"]
     per_forward = s14.layer_bytes
     per_video = per_forward * s14.meta["guidance_passes"] * s14.meta["default_steps"]
@@ -354,7 +354,7 @@ WAN = [
     plan8 = plans[8]
     print(plan8.summary())
     display(plan8.table().iloc[[0, 11, 12, 39]])
-    viz.tier_map(plan8)
+    figures.tier_map(plan8)
     '''),
     md("""
     The order policy decides *which* layers get the pins when only some fit. `strided` spreads
@@ -379,7 +379,7 @@ WAN = [
     code('''
     sim8 = [offload_lab.simulate(s14, plan8, prof, steps=2) for prof in profiles.values()]
     display(offload_lab.compare(sim8)[["label", "step_s", "stall_s", "exposed_copy_s", "overlap"]])
-    viz.timeline(sim8[-1], step=1)
+    figures.timeline(sim8[-1], step=1)
     '''),
     md("""
     ## 4. Pinned vs pageable vs mapped — and the 1.03 s vs 1.90 s figure
@@ -406,7 +406,7 @@ WAN = [
     table
     '''),
     code('''
-    viz.step_times(tier_runs)
+    figures.step_times(tier_runs)
     '''),
     md("""
     **The reported figure.** Wan2.1 with every DiT block pinned ran at 1.03 s per step, all
@@ -454,7 +454,7 @@ WAN = [
                                            label=f"1.3B, 480p, guidance (compute-bound) · H200 · {t}")
                       for t in ("pinned", "pageable")]
     display(offload_lab.compare(readings_runs)[["label", "step_s", "stall_s", "exposed_copy_s"]])
-    viz.step_times(readings_runs)
+    figures.step_times(readings_runs)
     '''),
     md("""
     In the copy-bound reading the pinned step *is* the copy, and the pageable step comes out a bit
@@ -494,7 +494,7 @@ WAN = [
     that launches compute:
     """),
     code('''
-    viz.timeline(measured[1])
+    figures.timeline(measured[1])
     '''),
     md("""
     `calibrate` fits a device profile to measured runs (bandwidth per tier, per-layer compute, host
@@ -507,7 +507,7 @@ WAN = [
     predicted = [offload_lab.simulate(small_spec, offload_lab.plan(small_spec, tier=t), fitted,
                                       steps=3, label=f"{t} · calibrated on this machine")
                  for t in ("pinned", "pageable", "mapped")]
-    viz.step_times(measured + predicted)
+    figures.step_times(measured + predicted)
     '''),
     md("""
     ## 6. Measured GPU runs shipped with the repository
@@ -532,7 +532,7 @@ WAN = [
         table = offload_lab.compare(gpu_runs)
         table.insert(1, "machine", [machine(r) for r in gpu_runs])
         display(table[["label", "machine", "backend", "tiers", "step_s", "ratio", "stall_s"]])
-        display(viz.step_times(gpu_runs))
+        display(figures.step_times(gpu_runs))
     else:
         print("no measured GPU runs in data/runs/ yet: run `PYTHONPATH=. python3 scripts/gpu_check.py "
               "--out data/runs/<machine>` on a GPU machine to add them.")
@@ -544,7 +544,7 @@ WAN = [
     reading above); if instead the steps scale with the rates, the run was copy-bound.
     """),
     code('''
-    from offload_lab import analysis
+    from offload_lab.analysis import summary as analysis
 
     def key(r):
         tokens = (r.meta.get("gpu_check") or {}).get("tokens") or r.meta.get("tokens")
@@ -598,7 +598,7 @@ WAN = [
                 for t in ("pinned", "pageable")]
         measured += here
         display(offload_lab.compare(here))
-        display(viz.step_times(here))
+        display(figures.step_times(here))
     else:
         print("skipped: no CUDA device here. On a GPU this cell profiles a full-width "
               "Wan2.1-T2V-1.3B-shaped model (12 blocks) pinned vs pageable on the cuda backend.")
@@ -662,7 +662,7 @@ H3 = [
     print("init order:", p64.init_order)
     for strategy in ("grouped", "naive"):
         print(f"{strategy:>8}: startup peak {format_bytes(p64.startup_peak(strategy))} on the device")
-    viz.startup_peaks(p64)
+    figures.startup_peaks(p64)
     '''),
     md("""
     The runtime measures the same thing. A scaled H3 (two refiner blocks, eight main blocks)
@@ -680,7 +680,7 @@ H3 = [
     for r in init_runs:
         print(f"{r.label}: measured {format_bytes(r.meta['startup_peak_bytes'])}, predicted "
               f"{format_bytes(r.meta['predicted_startup_peak_bytes'])}")
-    viz.startup_peaks([small_plan, *init_runs])
+    figures.startup_peaks([small_plan, *init_runs])
     '''),
     md("""
     ## 2. Per-layer grants vs a whole-component grant, at 5.32 GiB spendable
@@ -690,7 +690,7 @@ H3 = [
     since 61 GiB never fits. Granting per layer pins what fits: four main blocks.
     """),
     code('''
-    from offload_lab.plan import store_bytes
+    from offload_lab.planning.planner import store_bytes
 
     tight = offload_lab.HostMemory(available=int(7.32 * 2**30))
 
@@ -724,7 +724,7 @@ H3 = [
           f"{format_bytes(led['spendable'])} spendable · fits: {led['fits']}")
     print(p_tight.tier_counts)
     print(p_tight.reason_of("blocks", 30))
-    viz.tier_map(p_tight)
+    figures.tier_map(p_tight)
     '''),
     md("""
     Forcing every layer to `pageable` on the same host cannot be honoured — the copies would need
@@ -762,7 +762,7 @@ H3 = [
     '''),
     code('''
     p60 = host_plans["60 GB host (43.39 GiB available)"]
-    viz.tier_map(p60)
+    figures.tier_map(p60)
     '''),
     md("""
     ## 5. The power-of-two pinned-allocation hazard
@@ -774,8 +774,8 @@ H3 = [
     and to count what is really locked, which `pinned_footprint` does for either allocator:
     """),
     code('''
-    from offload_lab.hostmem import rounded_size
-    from offload_lab.plan import pinned_footprint
+    from offload_lab.planning.hostmem import rounded_size
+    from offload_lab.planning.planner import pinned_footprint
 
     exact, pow2 = pinned_footprint(p60, "exact"), pinned_footprint(p60, "pow2")
     block_bytes = h3.group("blocks").layers[0].bytes
@@ -806,7 +806,7 @@ H3 = [
     print("streamed, strided:", strided.streamed_layers("blocks"))
     print("streamed, leading:", leading.streamed_layers("blocks"))
     print("device at startup:", format_bytes(strided.startup_peak("grouped")))
-    viz.tier_map(strided)
+    figures.tier_map(strided)
     '''),
     md("""
     When compute per block is long (480p) both hide every copy; with fewer tokens per block, the
@@ -820,13 +820,13 @@ H3 = [
             res_runs.append(offload_lab.simulate(h3, p, "h200", steps=2, tokens=tokens,
                                                  label=f"35 resident, {name} · {tokens} tokens · H200"))
     display(offload_lab.compare(res_runs)[["label", "step_s", "ratio", "stall_s", "exposed_copy_s"]])
-    viz.step_times(res_runs)
+    figures.step_times(res_runs)
     '''),
     code('''
-    viz.timeline(res_runs[0], step=1)
+    figures.timeline(res_runs[0], step=1)
     '''),
     code('''
-    viz.timeline(res_runs[1], step=1)
+    figures.timeline(res_runs[1], step=1)
     '''),
     md("""
     ## 7. A real run of the scaled H3 with strided residency
@@ -839,7 +839,7 @@ H3 = [
     run_res = offload_lab.profile(h3_small, lambda: h3_small(**h3_inputs), p_res, steps=2,
                                   backend=BACKEND, label=f"5 of 8 resident, strided · measured on {BACKEND}")
     print(p_res.summary())
-    viz.timeline(run_res)
+    figures.timeline(run_res)
     '''),
     code('''
     if HAS_CUDA:

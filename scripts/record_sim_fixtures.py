@@ -54,8 +54,8 @@ def plan_args(layer_bytes: int) -> dict[str, dict[str, Any]]:
 
 
 def load_plan(manifest: dict[str, Any], name: str):
-    """The recorded plan ``name`` of a manifest, as an ``offload_lab.plan.Plan``."""
-    from offload_lab.plan import Plan
+    """The recorded plan ``name`` of a manifest, as an ``offload_lab.planning.planner.Plan``."""
+    from offload_lab.planning.planner import Plan
 
     return Plan.from_dict({**manifest["runs"][name]["plan"], "spec": manifest["spec"]})
 

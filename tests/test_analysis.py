@@ -9,11 +9,12 @@ import warnings
 
 import pandas as pd
 import pytest
+from offload_lab.analysis.summary import AnalysisError, bound, compare, metrics
 
 import offload_lab
-from offload_lab import analysis, catalog, synthetic
-from offload_lab.analysis import AnalysisError, bound, compare, metrics
-from offload_lab.timeline import Run
+from offload_lab import catalog, synthetic
+from offload_lab.analysis import summary as analysis
+from offload_lab.record.run import Run
 
 HOST = offload_lab.HostMemory(available="256GiB")
 
@@ -162,7 +163,7 @@ def test_tier_summary_helpers():
 
 
 def test_analysis_does_not_import_plotly():
-    code = ("import sys, offload_lab, offload_lab.analysis, offload_lab.viz, offload_lab.report; "
+    code = ("import sys, offload_lab, offload_lab.analysis.summary, offload_lab.views.figures, offload_lab.views.report; "
             "assert 'plotly' not in sys.modules, 'plotly imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from offload_lab import catalog, flops
-from offload_lab.spec import ModelSpec, TensorSpec
+from offload_lab.model.spec import ModelSpec, TensorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -284,7 +284,7 @@ def test_catalog_loads_after_regular_install(tmp_path):
     subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, env=env, timeout=120)
     code = (
-        "import offload_lab.catalog as c; print(c.__file__); print(c.path('minimax-h3')); "
+        "import offload_lab.model.catalog as c; print(c.__file__); print(c.path('minimax-h3')); "
         "print(c.load('minimax-h3').total_bytes)"
     )
     # PYTHONPATH puts the installed copy ahead of the venv's editable one; cwd keeps the

@@ -158,7 +158,7 @@ def test_report_without_plotly_is_one_clear_line(tmp_path: Path) -> None:
     s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--steps", "1", "--out", tmp_path / "sim.zip")
     assert s.returncode == 0, s.stderr
     code = ("import sys; sys.modules['plotly'] = None\n"
-            "from offload_lab.cli import main\n"
+            "from offload_lab.cli.app import main\n"
             f"sys.exit(main(['report', {str(tmp_path / 'sim.zip')!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert_one_line_error(r, "plotly is not installed")

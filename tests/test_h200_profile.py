@@ -10,7 +10,7 @@ import pytest
 
 import offload_lab
 from offload_lab import HostMemory, catalog
-from offload_lab.sim import DeviceProfile
+from offload_lab.simulation.engine import DeviceProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {r.label: r for r in (offload_lab.Run.load(p) for p in sorted(ROOT.glob("data/runs/h200-*/*.zip")))}

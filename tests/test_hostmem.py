@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from offload_lab import hostmem
-from offload_lab.hostmem import (
+from offload_lab.planning import hostmem
+from offload_lab.planning.hostmem import (
     HostMemory,
     HostMemoryError,
     PinLedger,

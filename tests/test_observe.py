@@ -16,8 +16,8 @@ import torch
 
 import offload_lab
 from offload_lab import HostMemory, catalog, synthetic
-from offload_lab.hostmem import is_file_backed
-from offload_lab.observe import LOOKAHEAD, ObserveError, observe
+from offload_lab.planning.hostmem import is_file_backed
+from offload_lab.record.observer import LOOKAHEAD, ObserveError, observe
 
 HOST = HostMemory(available="64GiB")
 

@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from offload_lab import catalog
-from offload_lab.hostmem import HostMemory
-from offload_lab.plan import (
+from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
+from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.planner import (
     ORDERS,
     STORE_ALIGNMENT,
     TIERS,
@@ -25,7 +26,6 @@ from offload_lab.plan import (
     plan_pipeline,
     store_bytes,
 )
-from offload_lab.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 from offload_lab.units import SizeError
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30

@@ -11,8 +11,8 @@ import pytest
 
 import offload_lab
 from offload_lab import catalog
-from offload_lab.report import Report, ReportError, report
-from offload_lab.timeline import Run
+from offload_lab.record.run import Run
+from offload_lab.views.report import Report, ReportError, report
 
 HOST = offload_lab.HostMemory(available="256GiB")
 XSS = "</script><script>alert(1)</script>"

@@ -13,7 +13,7 @@ import torch
 
 import offload_lab
 from offload_lab import HostMemory, catalog, synthetic
-from offload_lab.runtime import OffloadError, offload, profile
+from offload_lab.record.runtime import OffloadError, offload, profile
 
 HOST = HostMemory(available="64GiB")
 
@@ -235,7 +235,7 @@ _MAPPED_SCRIPT = r"""
 import json, sys, torch
 import offload_lab
 from offload_lab import HostMemory, catalog, synthetic
-from offload_lab.runtime import offload
+from offload_lab.record.runtime import offload
 path = sys.argv[1]
 model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.25, layers=4, dtype=torch.bfloat16)
 inputs = synthetic.example_inputs(model, tokens=16)

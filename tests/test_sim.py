@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import offload_lab as ol
-from offload_lab import sim
-from offload_lab.plan import Plan
-from offload_lab.sim import DeviceProfile, ProfileError, SimError, calibrate, simulate
-from offload_lab.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
-from offload_lab.timeline import Run
+from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
+from offload_lab.planning.planner import Plan
+from offload_lab.record.run import Run
+from offload_lab.simulation import engine as sim
+from offload_lab.simulation.engine import DeviceProfile, ProfileError, SimError, calibrate, simulate
 
 RUNS = Path(__file__).parent / "data" / "runs"
 HOST = ol.HostMemory(available="64GiB")

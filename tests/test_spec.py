@@ -12,7 +12,7 @@ from torch import nn
 
 import offload_lab
 from offload_lab import catalog, synthetic
-from offload_lab.spec import ModelSpec, SpecError, read_safetensors_header, spec_of
+from offload_lab.model.spec import ModelSpec, SpecError, read_safetensors_header, spec_of
 from offload_lab.units import SizeError, format_bytes, parse_size
 
 

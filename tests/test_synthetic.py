@@ -14,8 +14,8 @@ import torch
 
 import offload_lab
 from offload_lab import catalog, synthetic
-from offload_lab.spec import ModelSpec, dtype_name
-from offload_lab.synthetic import SyntheticError
+from offload_lab.model.spec import ModelSpec, dtype_name
+from offload_lab.model.synthetic import SyntheticError
 
 CATALOG_NAMES = ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b", "minimax-h3"]
 

@@ -9,7 +9,7 @@ import torch
 
 import offload_lab
 from offload_lab import HostMemory, Run, catalog, synthetic
-from offload_lab.timeline import (
+from offload_lab.record.run import (
     EVENT_COLUMNS,
     LAYER_COLUMNS,
     MEMORY_COLUMNS,

@@ -17,9 +17,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import offload_lab
-import offload_lab.traceimport as ti
-from offload_lab.timeline import EVENT_COLUMNS, LAYER_COLUMNS, STEP_COLUMNS, Run
-from offload_lab.traceimport import (
+import offload_lab.record.kineto as ti
+from offload_lab.record.kineto import (
     NO_GROUP,
     NO_LAYER,
     TraceFormatError,
@@ -27,6 +26,7 @@ from offload_lab.traceimport import (
     from_torch_profiler,
     iter_trace_events,
 )
+from offload_lab.record.run import EVENT_COLUMNS, LAYER_COLUMNS, STEP_COLUMNS, Run
 
 DATA = Path(__file__).parent / "data" / "traces"
 FIXTURE = DATA / "gpu_two_steps.json"

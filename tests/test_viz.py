@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import offload_lab
-from offload_lab import catalog, viz
-from offload_lab.timeline import Run
-from offload_lab.viz import TIER_COLORS, VizError
+from offload_lab import catalog
+from offload_lab.record.run import Run
+from offload_lab.views import figures as viz
+from offload_lab.views.figures import TIER_COLORS, VizError
 
 HOST = offload_lab.HostMemory(available="256GiB")
 
@@ -182,7 +183,7 @@ def test_bandwidth_per_tier(measured, h3_sim):
     assert set(by_tier) == {"pinned", "pageable"}
     sim_row = next(i for i, y in enumerate(by_tier["pinned"].y) if "simulated" in y)
     assert by_tier["pinned"].x[sim_row] == pytest.approx(
-        offload_lab.analysis.metrics(h3_sim)["gbps"]["pinned"], rel=1e-3)
+        offload_lab.analysis.summary.metrics(h3_sim)["gbps"]["pinned"], rel=1e-3)
     assert by_tier["pinned"].marker.color == TIER_COLORS["pinned"]
 
 

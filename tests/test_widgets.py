@@ -11,12 +11,12 @@ import torch
 
 import offload_lab
 from offload_lab import catalog, synthetic
-from offload_lab.hostmem import HostMemory
-from offload_lab.plan import PlanWarning
-from offload_lab.timeline import Run
+from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.planner import PlanWarning
+from offload_lab.record.run import Run
 
 W = pytest.importorskip("ipywidgets")
-from offload_lab.widgets import HYPOTHETICAL_HOSTS_GIB, ExplorerError, PlanExplorer  # noqa: E402
+from offload_lab.notebook.explorer import HYPOTHETICAL_HOSTS_GIB, ExplorerError, PlanExplorer  # noqa: E402
 
 GIB = 2**30
 
@@ -273,7 +273,7 @@ def test_displays_as_a_widget(ex):
 
 def test_figures_for_export_carry_html():
     """The outputs' figures carry text/html too: plotly >= 6.1's mimetype alone is lost by nbconvert."""
-    from offload_lab.magic import figure_bundle
+    from offload_lab.notebook.magic import figure_bundle
 
     ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)
     bundle = figure_bundle(ex.figures["tier_map"])
@@ -291,7 +291,7 @@ def test_import_offload_lab_stays_light():
 
 def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
     """In a kernel the figures go into the Output widgets' outputs, html included."""
-    monkeypatch.setattr("offload_lab.widgets._in_kernel", lambda: True)
+    monkeypatch.setattr("offload_lab.notebook.explorer._in_kernel", lambda: True)
     ex = PlanExplorer(wan14, host="64GiB", live=False)
     ex.simulate_button.click()
     ex.tiers_button.click()

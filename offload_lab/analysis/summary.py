@@ -1,4 +1,4 @@
-"""Pure pandas transforms of :class:`~offload_lab.timeline.Run` frames: metrics, bounds, comparison.
+"""Pure pandas transforms of :class:`~offload_lab.record.run.Run` frames: metrics, bounds, comparison.
 
 Nothing here imports plotly: figures (``viz.py``) and the report read these results.
 
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .timeline import TIERS, Run
+from offload_lab.record.run import TIERS, Run
 
 COMPARE_COLUMNS = ["label", "backend", "simulated", "tiers", "step_s", "ratio", "stall_s",
                    "exposed_copy_s", "overlap", "bound_s", "vs_bound"]
@@ -38,7 +38,7 @@ def as_runs(runs: Run | Iterable[Run] | Mapping[str, Run], what: str = "runs") -
     >>> as_runs([])
     Traceback (most recent call last):
     ...
-    offload_lab.analysis.AnalysisError: runs [] is empty; expected at least one offload_lab.Run
+    offload_lab.analysis.summary.AnalysisError: runs [] is empty; expected at least one offload_lab.Run
     """
     if isinstance(runs, Run):
         return [runs]

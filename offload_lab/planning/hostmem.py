@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .units import format_bytes, parse_size
+from offload_lab.units import format_bytes, parse_size
 
 __all__ = [
     "RESERVE_FRACTION", "RESERVE_FLOOR", "ROUNDINGS", "HostMemory", "HostMemoryError",

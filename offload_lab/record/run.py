@@ -230,7 +230,7 @@ class Run:
         return f"<Run {self.label!r} {kind} ({self.backend}), {len(self.steps)} steps, {st_s}>"
 
     def _repr_html_(self) -> str:
-        from .analysis import compare
+        from offload_lab.analysis.summary import compare
 
         return compare([self]).to_html(index=False, escape=True)
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from .spec import LayerSpec, ModelSpec, TensorSpec
+from offload_lab.model.spec import LayerSpec, ModelSpec, TensorSpec
 
 __all__ = ["FlopsError", "layer_flops", "forward_flops", "step_flops", "resolve_tokens"]
 

@@ -38,14 +38,14 @@ from IPython.core.magic_arguments import argument, magic_arguments
 if TYPE_CHECKING:
     from torch import nn
 
-    from .plan import Plan
-    from .spec import ModelSpec
-    from .timeline import Run
+    from offload_lab.model.spec import ModelSpec
+    from offload_lab.planning.planner import Plan
+    from offload_lab.record.run import Run
 
 __all__ = ["OffloadMagics", "load_ipython_extension", "figure_html", "figure_bundle",
            "spec_for_model", "summary_bundle", "user_traceback", "MagicArgumentError"]
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep  # the offload_lab package
 _CPU_NOTE = ("cpu backend: there is no DMA engine and no page-locking on a CPU, so pinned, pageable "
              "and mapped runs take about the same time here; the pinned-vs-pageable difference is "
              "measured on a GPU (or predicted by offload_lab.simulate on a device profile).")
@@ -126,11 +126,11 @@ def spec_for_model(model: nn.Module) -> ModelSpec:
     'wan2.1-t2v-1.3b'
     """
     if hasattr(model, "offload_spec_meta"):
-        from . import synthetic
+        from offload_lab.model import synthetic
 
         # the meta (token counts, dims) lets the simulator and FLOPs model read the model
         return synthetic.spec_of(model)
-    from .spec import spec_of
+    from offload_lab.model.spec import spec_of
 
     return spec_of(model)
 
@@ -204,7 +204,7 @@ def _resident_value(text: str | None) -> Any:
 
 
 def _order_value(text: str) -> Any:
-    from .plan import ORDERS
+    from offload_lab.planning.planner import ORDERS
 
     if text in ORDERS:
         return text
@@ -216,7 +216,7 @@ def _order_value(text: str) -> Any:
 
 
 def _tiers_value(text: str | None) -> list[str]:
-    from .plan import FORCED_TIERS
+    from offload_lab.planning.planner import FORCED_TIERS
 
     if text is None:
         return []
@@ -283,7 +283,7 @@ def summary_bundle(runs: list[Run], figures: bool = True, title: str | None = No
     >>> sorted(b), "simulated" in b["text/plain"]
     (['text/html', 'text/plain'], True)
     """
-    from . import viz
+    from offload_lab.views import figures as viz
 
     table = viz.comparison_frame(runs)
     head = title or ("offload_profile: " + (runs[0].meta.get("model") or "model"))
@@ -378,7 +378,7 @@ class OffloadMagics(Magics):
             source = cell
         runs, plan = self._profile_all(args, model_expr, source)
         if args.report:
-            from .report import report
+            from offload_lab.views.report import report
 
             path = report(runs, plan=plan).save(args.report)
             if not args.quiet:
@@ -417,7 +417,7 @@ class OffloadMagics(Magics):
                                      f"(line {e.lineno})") from None
 
     def _plan(self, spec: ModelSpec, args: Any, tier: str | None) -> Plan:
-        from .plan import plan
+        from offload_lab.planning.planner import plan
 
         budget = args.pin_budget
         if isinstance(budget, str) and budget.lower() in ("all", "none", "auto"):
@@ -433,7 +433,7 @@ class OffloadMagics(Magics):
 
     def _profile_all(self, args: Any, model_expr: str, source: str) -> tuple[list[Run], Plan]:
         __tracebackhide__ = True
-        from .runtime import profile
+        from offload_lab.record.runtime import profile
 
         for what, value, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
                                 ("--prefetch", args.prefetch, 0)):

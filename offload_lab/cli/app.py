@@ -29,16 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import __version__
-from .units import SizeError, format_bytes, parse_size
+from offload_lab import __version__
+from offload_lab.units import SizeError, format_bytes, parse_size
 
 if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from .plan import Plan
-    from .spec import ModelSpec
-    from .timeline import Run
+    from offload_lab.model.spec import ModelSpec
+    from offload_lab.planning.planner import Plan
+    from offload_lab.record.run import Run
 
 __all__ = ["main", "build_parser", "CliError", "Progress", "Sizing", "choose_size", "resolve_spec",
            "text_table"]
@@ -98,7 +98,7 @@ def text_table(frame: pd.DataFrame, right: Sequence[str] = ()) -> str:
 
 def _comparison_text(runs: Sequence[Run]) -> str:
     """The comparison of ``runs`` as a plain-text table (the table the magic and widgets show)."""
-    from .viz import comparison_frame
+    from offload_lab.views.figures import comparison_frame
 
     return text_table(comparison_frame(runs),
                       right=("step", "ratio", "stall", "exposed copy", "overlap", "vs bound"))
@@ -465,8 +465,8 @@ def resolve_spec(text: str) -> tuple[ModelSpec, str]:
     >>> spec.name, kind
     ('wan2.1-t2v-14b', 'catalog')
     """
-    from . import catalog
-    from .spec import ModelSpec, SpecError
+    from offload_lab.model import catalog
+    from offload_lab.model.spec import ModelSpec, SpecError
 
     known = catalog.names()
     key = text.strip().lower().removesuffix(".json")
@@ -493,8 +493,8 @@ def resolve_spec(text: str) -> tuple[ModelSpec, str]:
 
 def _make_plan(spec: ModelSpec, args: argparse.Namespace, host: Any = None, **overrides: Any) -> Plan:
     """plan() from the plan options; warnings are kept in ``Plan.warnings`` and printed by us."""
-    from .hostmem import HostMemory
-    from .plan import PlanWarning, plan
+    from offload_lab.planning.hostmem import HostMemory
+    from offload_lab.planning.planner import PlanWarning, plan
 
     if getattr(args, "host", None) is not None:
         host = HostMemory(available=args.host)
@@ -573,7 +573,7 @@ def _layer_counts(spec: ModelSpec, n: int | None) -> dict[str, int]:
 
 
 def _scaled_spec(spec: ModelSpec, scale: float, layers: dict[str, int]) -> ModelSpec:
-    from . import synthetic
+    from offload_lab.model import synthetic
 
     # the meta device allocates nothing: shapes only, so trying many sizes is free
     return synthetic.spec_of(synthetic.build(spec, scale=scale, layers=layers, device="meta"))
@@ -603,9 +603,9 @@ def choose_size(spec: ModelSpec, backend: str, quick: bool = False, scale: float
     is the real model's), depth cut only to what fits host and device memory comfortably.
     Explicit ``scale`` / ``layers`` / ``tokens`` are kept as given.
     """
-    from . import flops, synthetic
-    from .hostmem import HostMemory
-    from .viz import fmt_seconds
+    from offload_lab.model import flops, synthetic
+    from offload_lab.planning.hostmem import HostMemory
+    from offload_lab.views.figures import fmt_seconds
 
     biggest = max(layer.bytes for layer in spec.iter_layers())
     host = HostMemory.probe()
@@ -702,7 +702,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Module, Sizing, str]:
-    from . import synthetic
+    from offload_lab.model import synthetic
 
     p = Path(args.model)
     if p.exists() and (p.is_dir() or p.name.endswith((".safetensors", ".index.json"))):
@@ -736,8 +736,8 @@ def _writable(out: str | os.PathLike | None) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``offload-lab profile MODEL --out RUN.zip``: a measured run of a synthetic model."""
-    from . import synthetic
-    from .runtime import profile
+    from offload_lab.model import synthetic
+    from offload_lab.record.runtime import profile
 
     _writable(args.out)
 
@@ -773,9 +773,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``offload-lab simulate MODEL --device NAME``: a simulated run, labelled so."""
-    from . import analysis
-    from .sim import DeviceProfile, simulate
-    from .viz import fmt_percent, fmt_ratio, fmt_seconds
+    from offload_lab.analysis import summary as analysis
+    from offload_lab.simulation.engine import DeviceProfile, simulate
+    from offload_lab.views.figures import fmt_percent, fmt_ratio, fmt_seconds
 
     _writable(args.out)
 
@@ -785,7 +785,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise CliError(f"MODEL {args.model!r} names no token count (only catalog specs do); "
                        f"pass --tokens N, e.g. --tokens 32760")
     if args.tokens is not None:
-        from .flops import resolve_tokens
+        from offload_lab.model.flops import resolve_tokens
 
         resolve_tokens(spec, args.tokens)  # a bad resolution fails before any output
     p = _make_plan(spec, args, host=SIM_HOST)
@@ -827,17 +827,17 @@ def _load_runs(items: Sequence[str]) -> list[Run]:
 
 def _load_one(path: Path) -> Run:
     """A saved run, or a torch.profiler / Kineto trace (read as a run of backend ``trace``)."""
-    from .timeline import Run
+    from offload_lab.record.run import Run
 
     if path.name.endswith((".json", ".json.gz")):
-        from .traceimport import from_torch_profiler
+        from offload_lab.record.kineto import from_torch_profiler
 
         return from_torch_profiler(path)
     return Run.load(path)
 
 
 def _write_report(runs: list[Run], out: str, plan: Plan | None, title: str | None) -> Path:
-    from .report import report
+    from offload_lab.views.report import report
 
     try:
         return report(runs, plan=plan, title=title).save(out)
@@ -855,7 +855,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     runs = _load_runs(args.runs)
     plan = None
     if args.plan:
-        from .plan import Plan, PlanError
+        from offload_lab.planning.planner import Plan, PlanError
 
         accepted = "accepted: the output of offload-lab plan MODEL --json"
         try:
@@ -873,7 +873,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     """``offload-lab catalog [NAME] [--devices]``: the shipped models and device profiles."""
-    from . import catalog, sim
+    from offload_lab.model import catalog
+    from offload_lab.simulation import engine as sim
 
     if args.devices:
         if args.name:
@@ -909,7 +910,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def _catalog_details(spec: ModelSpec) -> int:
-    from . import flops
+    from offload_lab.model import flops
 
     meta = spec.meta
     _say(f"{spec.name}: {meta.get('display_name', spec.name)} (arch {meta.get('arch', '?')})")
@@ -958,7 +959,7 @@ def _shipped_gpu_runs(model: str) -> list[Run]:
 
     Absent from an installed wheel; the demo then simply has none to show.
     """
-    from .timeline import Run
+    from offload_lab.record.run import Run
 
     root = Path(__file__).resolve().parents[1] / "data" / "runs"
     out = []
@@ -979,10 +980,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     import torch
 
-    from . import catalog, synthetic
-    from .hostmem import HostMemory
-    from .runtime import profile
-    from .sim import DeviceProfile, simulate
+    from offload_lab.model import catalog, synthetic
+    from offload_lab.planning.hostmem import HostMemory
+    from offload_lab.record.runtime import profile
+    from offload_lab.simulation.engine import DeviceProfile, simulate
 
     spec = catalog.load(args.model)
     backend = _resolve_backend(args.backend)
@@ -1013,7 +1014,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     bar.advance(2)
     streamed = int(sspec.layer_bytes)
     with warnings.catch_warnings():
-        from .plan import PlanWarning, plan
+        from offload_lab.planning.planner import PlanWarning, plan
 
         warnings.simplefilter("ignore", PlanWarning)
         plans = {

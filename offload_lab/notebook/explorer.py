@@ -1,7 +1,7 @@
 """``PlanExplorer``: an ipywidgets dashboard to change a plan and see its timeline at once.
 
 Controls (pin budget, resident count and policy, ordering, prefetch depth, forced tier, host,
-device profile) make a :class:`~offload_lab.plan.Plan`; **Simulate** predicts its timeline on
+device profile) make a :class:`~offload_lab.planning.planner.Plan`; **Simulate** predicts its timeline on
 a device profile (instant, labelled simulated), **Run** profiles the real model with ``fn``
 (on the GPU when there is one, else the cpu backend, labelled with the backend), **Add to
 comparison** keeps a run, **pinned vs pageable** simulates the headline comparison, and
@@ -37,10 +37,11 @@ from typing import Any
 
 import ipywidgets as W
 
-from . import analysis, viz
-from .hostmem import HostMemory
-from .magic import figure_bundle, spec_for_model
-from .plan import (
+from offload_lab.analysis import summary as analysis
+from offload_lab.model.spec import ModelSpec
+from offload_lab.notebook.magic import figure_bundle, spec_for_model
+from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.planner import (
     FORCED_TIERS,
     ORDERS,
     RESIDENCIES,
@@ -49,10 +50,10 @@ from .plan import (
     pinned_footprint,
     store_bytes,
 )
-from .plan import plan as make_plan
-from .spec import ModelSpec
-from .timeline import Run
-from .units import format_bytes, parse_size
+from offload_lab.planning.planner import plan as make_plan
+from offload_lab.record.run import Run
+from offload_lab.units import format_bytes, parse_size
+from offload_lab.views import figures as viz
 
 __all__ = ["PlanExplorer", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
 
@@ -93,12 +94,12 @@ class PlanExplorer:
     """A dashboard over one model: controls → plan → simulate / run → figures and comparison.
 
     - ``model_or_spec``: a ``torch.nn.Module`` (its blocks in ``nn.ModuleList``s), a
-      :class:`~offload_lab.spec.ModelSpec`, or a catalog name such as ``"wan2.1-t2v-14b"``.
+      :class:`~offload_lab.model.spec.ModelSpec`, or a catalog name such as ``"wan2.1-t2v-14b"``.
     - ``fn``: a callable with no arguments that runs one step of the model (``lambda:
       model(**inputs)``); needed only for **Run**.
     - ``profile``: the device profile for **Simulate**: a shipped name (``"h200"``) or a
-      :class:`~offload_lab.sim.DeviceProfile`; default ``"h200"``.
-    - ``host``: the host the plan is made for: a :class:`~offload_lab.hostmem.HostMemory`, a
+      :class:`~offload_lab.simulation.engine.DeviceProfile`; default ``"h200"``.
+    - ``host``: the host the plan is made for: a :class:`~offload_lab.planning.hostmem.HostMemory`, a
       size (``"64GiB"`` = a hypothetical host with that much available), or ``None``: this
       machine for a module, else the smallest offered hypothetical host that could pin it all.
       **Run** always plans against this machine, so it never pins more than it can spend.
@@ -154,7 +155,7 @@ class PlanExplorer:
         if isinstance(obj, ModelSpec):
             return None, obj
         if isinstance(obj, str):
-            from . import catalog
+            from offload_lab.model import catalog
 
             return None, catalog.load(obj)
         try:
@@ -180,7 +181,7 @@ class PlanExplorer:
 
     @staticmethod
     def _resolve_profiles(profile: Any) -> dict[str, Any]:
-        from .sim import DeviceProfile, names
+        from offload_lab.simulation.engine import DeviceProfile, names
 
         shipped = names()
         profiles: dict[str, Any] = {n: n for n in shipped}
@@ -444,7 +445,7 @@ class PlanExplorer:
         >>> PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False).simulate().simulated
         True
         """
-        from .sim import simulate
+        from offload_lab.simulation.engine import simulate
 
         if self.plan is None or self.plan_error:
             # the plan on display is the last valid one; simulating it would mislabel the result
@@ -461,7 +462,7 @@ class PlanExplorer:
         The plan is made again against this machine's memory (a hypothetical host could grant
         pins this machine cannot afford); the status line says when that changed any tier.
         """
-        from .runtime import profile
+        from offload_lab.record.runtime import profile
 
         if self.model is None or self.fn is None:
             raise ExplorerError("Run needs the live model and fn: PlanExplorer(model, "
@@ -493,7 +494,7 @@ class PlanExplorer:
 
     def _offer_calibrated(self, run: Run) -> None:
         """Add a profile fitted to the measured run to the profile list (not selected)."""
-        from .sim import calibrate
+        from offload_lab.simulation.engine import calibrate
 
         try:
             fitted = calibrate(run)
@@ -546,7 +547,7 @@ class PlanExplorer:
                                 f"{', '.join(FORCED_TIERS)}")
         if measured and (self.model is None or self.fn is None):
             raise ExplorerError("measured=True needs the live model and fn")
-        from .sim import simulate
+        from offload_lab.simulation.engine import simulate
 
         out = []
         with self._hold():
@@ -586,7 +587,7 @@ class PlanExplorer:
         >>> ex.export_report("/tmp/explorer-doctest.html").name
         'explorer-doctest.html'
         """
-        from .report import report
+        from offload_lab.views.report import report
 
         runs = list(self.runs) or ([self.last_run] if self.last_run is not None else [])
         if not runs and self.plan is None:

@@ -25,7 +25,7 @@ and its pageable/mapped copies, while one copy-engine thread per group runs pinn
 that overlaps shares the processor by the profile's ``contention`` (1.0: one processor, so
 overlap saves nothing — DESIGN §11) and ``copy_priority`` (who gets it).
 
-A simulated :class:`~offload_lab.timeline.Run` has the same frames as a measured one,
+A simulated :class:`~offload_lab.record.run.Run` has the same frames as a measured one,
 ``backend == "sim"``, ``meta["simulated"] is True`` and a label ending in ``(simulated)``.
 
 >>> import offload_lab
@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .plan import store_bytes
-from .shipped import data_dir, searched
-from .timeline import Run
+from offload_lab.planning.planner import store_bytes
+from offload_lab.record.run import Run
+from offload_lab.shipped import data_dir, searched
 
 __all__ = ["SimError", "ProfileError", "DeviceProfile", "simulate", "calibrate", "plan_of_run",
            "names", "BANDWIDTH_TIERS"]
@@ -199,7 +199,7 @@ class DeviceProfile:
         >>> DeviceProfile("x", {"pinned": 20}).bandwidth("pageable")
         Traceback (most recent call last):
         ...
-        offload_lab.sim.ProfileError: profile 'x' has no 'pageable' bandwidth; it has ['pinned']
+        offload_lab.simulation.engine.ProfileError: profile 'x' has no 'pageable' bandwidth; it has ['pinned']
         """
         if tier == "mapped_cold" and tier not in self.bandwidths:
             tier = "mapped_warm"
@@ -237,7 +237,7 @@ class DeviceProfile:
             if key in self.compute_s:
                 secs = self.compute_s[key]
                 if tokens is not None and self.tokens is not None:
-                    from . import flops
+                    from offload_lab.model import flops
 
                     want = flops.resolve_tokens(spec, tokens)
                     if want != self.tokens:
@@ -251,7 +251,7 @@ class DeviceProfile:
                 f"profile {self.name!r} has no compute time for layer {group}.{layer}: no "
                 f"compute_s key {f'{group}.{layer}'!r} or {group!r} (keys: {known}{'...' if len(self.compute_s) > 6 else ''}) "
                 f"and no tflops rate")
-        from . import flops
+        from offload_lab.model import flops
 
         if tokens is None:
             tokens = self.tokens if self.tokens is not None else _default_tokens(spec)
@@ -316,7 +316,7 @@ class DeviceProfile:
 
     @staticmethod
     def names() -> list[str]:
-        """Names of the shipped profiles (same as :func:`offload_lab.sim.names`)."""
+        """Names of the shipped profiles (same as :func:`offload_lab.simulation.engine.names`)."""
         return names()
 
     def replace(self, **changes: Any) -> DeviceProfile:
@@ -547,7 +547,7 @@ def plan_of_run(run: Run) -> tuple[Any, Any]:
     >>> round(again.step_time / run.step_time, 4)
     1.0
     """
-    from .spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
+    from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 
     if not isinstance(run, Run):
         raise SimError(f"plan_of_run needs an offload_lab.Run, got {type(run).__name__}")

@@ -93,8 +93,6 @@ runs do, so the two compare fairly); nothing else synchronizes.
 from __future__ import annotations
 
 import platform
-import sys
-import types
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -106,10 +104,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .hostmem import HostMemory, file_backed_checker, process_memory
-from .runtime.backends import CpuBackend, CudaBackend
-from .spec import find_layer_groups
-from .timeline import Run
+from offload_lab.model.spec import find_layer_groups
+from offload_lab.planning.hostmem import HostMemory, file_backed_checker, process_memory
+from offload_lab.record.run import Run
+from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
 __all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
 
@@ -650,7 +648,7 @@ class Observer:
         meta["mixed_tier_layers"] = mixed
         meta["unused_copies"] = int(sum(len(lay.pending) for lay in self._layers))
         meta["observer_overhead_s"] = float(self._overhead)
-        from .analysis import tier_summary
+        from offload_lab.analysis.summary import tier_summary
 
         meta["label"] = self.label or f"observed: {tier_summary(plan_layers)}"
         return Run.build(events, bounds, plan_layers, self._memory, meta, warmup=warmup)
@@ -682,18 +680,3 @@ def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "a
     """
     return Observer(model, groups=groups, backend=backend, label=label, device=device)
 
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as :func:`observe`.
-
-    The function shares the module's name: once anything imports ``offload_lab.observe`` as a
-    module, the package attribute ``offload_lab.observe`` is that module, not the function.
-    Making the module callable keeps ``offload_lab.observe(model)`` a call whichever import
-    came first, without importing torch when ``offload_lab`` is imported.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Observer:
-        return observe(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -14,14 +14,14 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..analysis import tier_summary
-from ..hostmem import HostMemory, file_backed_checker, process_memory
-from ..timeline import Run
-from .backends import CopyTicket, CpuBackend, CudaBackend
-from .stores import LayerStore
+from offload_lab.analysis.summary import tier_summary
+from offload_lab.planning.hostmem import HostMemory, file_backed_checker, process_memory
+from offload_lab.record.run import Run
+from offload_lab.record.runtime.backends import CopyTicket, CpuBackend, CudaBackend
+from offload_lab.record.runtime.stores import LayerStore
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from offload_lab.planning.planner import Plan
 
 _ACTIVE: weakref.WeakSet = weakref.WeakSet()
 INIT_STRATEGIES = ("grouped", "naive")

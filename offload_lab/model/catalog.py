@@ -1,6 +1,6 @@
 """The shipped model catalog: specs of Wan2.1 T2V-1.3B, T2V-14B, I2V-14B and MiniMax-H3.
 
-Each entry is a JSON :class:`~offload_lab.spec.ModelSpec` written by ``scripts/make_catalog.py``
+Each entry is a JSON :class:`~offload_lab.model.spec.ModelSpec` written by ``scripts/make_catalog.py``
 from ``shared/reference/models.md``: every tensor's name, shape and dtype, the layer groups in
 declared order, and ``meta`` (``arch``, ``display_name``, ``default_steps``,
 ``guidance_passes``, ``tokens``, ``text_tokens``, ``dims``, ``scale``, ``source``).
@@ -30,8 +30,8 @@ import copy
 import functools
 from pathlib import Path
 
-from .shipped import data_dir, searched
-from .spec import ModelSpec, SpecError
+from offload_lab.model.spec import ModelSpec, SpecError
+from offload_lab.shipped import data_dir, searched
 
 __all__ = ["CatalogError", "names", "load", "path"]
 
@@ -93,6 +93,6 @@ def load(name: str) -> ModelSpec:
     >>> load("wan2.2")
     Traceback (most recent call last):
     ...
-    offload_lab.catalog.CatalogError: unknown catalog model 'wan2.2'; names: ['minimax-h3', 'wan2.1-i2v-14b', 'wan2.1-t2v-1.3b', 'wan2.1-t2v-14b']
+    offload_lab.model.catalog.CatalogError: unknown catalog model 'wan2.2'; names: ['minimax-h3', 'wan2.1-i2v-14b', 'wan2.1-t2v-1.3b', 'wan2.1-t2v-14b']
     """
     return copy.deepcopy(_load_cached(_canonical(name)))

@@ -10,11 +10,11 @@ figure: plotly.js renders a subset of HTML in text, so ``<b>`` or ``<a href=...>
 would otherwise be interpreted; escaped, plotly.js decodes them back and shows them as text.
 
 >>> import offload_lab
->>> from offload_lab import viz
+>>> from offload_lab import figures
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
 >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
 >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
->>> fig = viz.timeline(run)
+>>> fig = figures.timeline(run)
 >>> "SIMULATED" in fig.layout.title.text
 True
 """
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from . import analysis
-from .analysis import as_runs
-from .timeline import Run
-from .units import format_bytes
+from offload_lab.analysis import summary as analysis
+from offload_lab.analysis.summary import as_runs
+from offload_lab.record.run import Run
+from offload_lab.units import format_bytes
 
-if TYPE_CHECKING:  # plotly is imported lazily so that `import offload_lab.viz` stays cheap
+if TYPE_CHECKING:  # plotly is imported lazily so that `import offload_lab.views.figures` stays cheap
     import plotly.graph_objects as go
 
 TIER_COLORS: dict[str, str] = {

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .spec import ModelSpec, SpecError, _safetensors_files, dtype_name
+from offload_lab.model.spec import ModelSpec, SpecError, _safetensors_files, dtype_name
 
 __all__ = [
     "SyntheticError", "build", "example_inputs", "save", "load", "spec_of",
@@ -888,7 +888,7 @@ def spec_of(model: nn.Module) -> ModelSpec:
     >>> s.group_names, s.meta["scale"]
     (['token_refiner.blocks', 'blocks'], 0.02)
     """
-    from .spec import spec_of as _spec_of
+    from offload_lab.model.spec import spec_of as _spec_of
 
     meta = getattr(model, "offload_spec_meta", {})
     groups = ["token_refiner.blocks", "blocks"] if isinstance(model, H3Model) else None
@@ -1032,7 +1032,7 @@ def save(model: nn.Module, path: str | os.PathLike, shard_bytes: int | str = DEF
     >>> synthetic.save(m, d, shard_bytes="64KiB").name
     'model.safetensors.index.json'
     """
-    from .units import parse_size
+    from offload_lab.units import parse_size
 
     if not isinstance(model, nn.Module):
         raise SyntheticError(f"save expects a torch.nn.Module, got {type(model).__name__}")

@@ -53,9 +53,9 @@ from typing import Any
 
 import pandas as pd
 
-from .hostmem import HostMemory, rounded_size
-from .spec import LayerSpec, ModelSpec
-from .units import SizeError, format_bytes, parse_size
+from offload_lab.model.spec import LayerSpec, ModelSpec
+from offload_lab.planning.hostmem import HostMemory, rounded_size
+from offload_lab.units import SizeError, format_bytes, parse_size
 
 __all__ = [
     "TIERS", "FORCED_TIERS", "ORDERS", "RESIDENCIES", "STRATEGIES", "STORE_ALIGNMENT",

@@ -1,6 +1,6 @@
-"""Import a torch.profiler / Kineto chrome trace as a :class:`~offload_lab.timeline.Run` (issue 7).
+"""Import a torch.profiler / Kineto chrome trace as a :class:`~offload_lab.record.run.Run` (issue 7).
 
->>> from offload_lab.traceimport import from_torch_profiler
+>>> from offload_lab.record.kineto import from_torch_profiler
 >>> run = from_torch_profiler("tests/data/traces/gpu_two_steps.json")  # doctest: +SKIP
 >>> run.events.groupby(["kind", "tier"])["bytes"].sum()                # doctest: +SKIP
 
@@ -88,7 +88,7 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
-from .timeline import Run
+from offload_lab.record.run import Run
 
 __all__ = ["from_torch_profiler", "iter_trace_events", "TraceImportError", "TraceFormatError",
            "DEFAULT_LAYER_PATTERN", "MODULE_PATTERN", "NO_GROUP", "NO_LAYER", "UNNAMED_GROUP"]

@@ -194,7 +194,7 @@ class ModelSpec:
         return out + list(self.non_layer)
 
     def __repr__(self) -> str:
-        from .units import format_bytes
+        from offload_lab.units import format_bytes
 
         groups = ", ".join(f"{g.name}×{g.num_layers}" for g in self.groups)
         return f"ModelSpec({self.name!r}, groups=[{groups}], total={format_bytes(self.total_bytes)})"
@@ -450,7 +450,7 @@ def spec_of(module, groups: list[str] | None = None, name: str | None = None) ->
     """
     from torch import nn
 
-    from .hostmem import file_backed_checker
+    from offload_lab.planning.hostmem import file_backed_checker
 
     if not isinstance(module, nn.Module):
         raise SpecError(f"spec_of expects a torch.nn.Module, got {type(module).__name__}")

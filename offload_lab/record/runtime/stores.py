@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..plan import STORE_ALIGNMENT
+from offload_lab.planning.planner import STORE_ALIGNMENT
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:

@@ -9,11 +9,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..timeline import Run
-from .manager import BACKENDS, INIT_STRATEGIES, OffloadError, OffloadManager
+from offload_lab.record.run import Run
+from offload_lab.record.runtime.manager import (
+    BACKENDS,
+    INIT_STRATEGIES,
+    OffloadError,
+    OffloadManager,
+)
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from offload_lab.planning.planner import Plan
 
 __all__ = ["OffloadManager", "OffloadError", "offload", "profile", "BACKENDS", "INIT_STRATEGIES"]
 

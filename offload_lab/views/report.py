@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from . import __version__, analysis, viz
-from .analysis import as_runs
-from .timeline import Run
-from .units import format_bytes
+from offload_lab import __version__
+from offload_lab.analysis import summary as analysis
+from offload_lab.analysis.summary import as_runs
+from offload_lab.record.run import Run
+from offload_lab.units import format_bytes
+from offload_lab.views import figures as viz
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -1,0 +1,1 @@
+"""Pure transforms of Run frames: metrics, bounds and comparisons."""

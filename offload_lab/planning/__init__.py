@@ -1,0 +1,1 @@
+"""Where each layer lives between uses: host memory and the reserve rule, the planner, pipelines."""

@@ -1,0 +1,1 @@
+"""Predicting a plan's timeline without a GPU: device profiles, the event engine, calibration."""

@@ -1,0 +1,1 @@
+"""Renderers at the edge: text, plotly figures and the HTML report."""
