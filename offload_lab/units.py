@@ -62,7 +62,7 @@ def parse_size(value: int | float | str, what: str = "size") -> int:
 
 
 def format_bytes(n: float | int | None, digits: int = 2) -> str:
-    """``1288490188 -> '1.20 GiB'`` (binary units, as DESIGN §9 asks)."""
+    """``1288490188 -> '1.20 GiB'`` (binary units)."""
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "-"
     sign = "-" if n < 0 else ""

@@ -57,7 +57,7 @@ _PROBE_BLOCK_BYTES = 24 * 2**20
 _TIERS = ("pinned", "pageable", "mapped")
 _ORDERS = ("execution", "reverse", "largest", "strided")
 _CPU_NOTE = (
-    "note: the cpu backend has no DMA engine and no page-locking (DESIGN §11): 'pinned' there only "
+    "note: the cpu backend has no DMA engine and no page-locking: 'pinned' there only "
     "means the copy runs on a copy thread, overlapping compute when a core is free, while 'pageable' "
     "and 'mapped' copy on the calling thread; every copy is a memcpy through the same memory "
     "bandwidth. With compute on every core pinned and pageable take about the same time by nature, "

@@ -1,7 +1,7 @@
 """The shipped model catalog: specs of Wan2.1 T2V-1.3B, T2V-14B, I2V-14B and MiniMax-H3.
 
 Each entry is a JSON :class:`~offload_lab.model.spec.ModelSpec` written by ``scripts/make_catalog.py``
-from ``shared/reference/models.md``: every tensor's name, shape and dtype, the layer groups in
+from the published model configurations: every tensor's name, shape and dtype, the layer groups in
 declared order, and ``meta`` (``arch``, ``display_name``, ``default_steps``,
 ``guidance_passes``, ``tokens``, ``text_tokens``, ``dims``, ``scale``, ``source``).
 

@@ -4,7 +4,7 @@ A multiply-add counts as 2 FLOPs; norms, activations, softmax and RoPE are left 
 a few per cent of a DiT block at video lengths and the simulator's rate is fitted anyway).
 ``L`` is the number of video tokens, ``Lc`` the number of text tokens.
 
-* ``arch == "wan"`` (Wan2.1, shared/reference/models.md), per block per forward, with ``d``
+* ``arch == "wan"`` (Wan2.1), per block per forward, with ``d``
   and ``f`` read from ``self_attn.q.weight`` and ``ffn.0.weight`` (so scaled synthetic specs
   work too; ``meta["dims"]`` is the fallback)::
 

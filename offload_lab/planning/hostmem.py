@@ -1,7 +1,7 @@
 """Host memory: what this machine (or a hypothetical one) can spend on weight stores.
 
 The planner never asks the OS directly; it reads a :class:`HostMemory` snapshot, so that a plan
-for "a 32 GiB host" is made exactly like a plan for this machine. The reserve rule of DESIGN §4:
+for "a 32 GiB host" is made exactly like a plan for this machine. The reserve rule:
 
 * ``available`` = min(psutil available, cgroup limit − usage) — a container's limit is what the
   OOM killer enforces, not the machine's free memory;

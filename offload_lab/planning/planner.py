@@ -1,4 +1,4 @@
-"""The planner: where each layer's weights live between uses, and why (DESIGN §4).
+"""The planner: where each layer's weights live between uses, and why.
 
 :func:`plan` decides per layer a tier — ``resident`` (kept on the device), ``pinned``,
 ``pageable`` or ``mapped`` (zero-copy views of the checkpoint file) — with a pin rank and a
@@ -824,7 +824,7 @@ def plan(
     tier: str | None = None,
     host: HostMemory | dict | str | int | None = None,
 ) -> Plan:
-    """Plan where each layer of ``spec`` lives between uses (DESIGN §4; rules in the module doc).
+    """Plan where each layer of ``spec`` lives between uses (the rules are in the module doc).
 
     - ``pin_budget``: bytes or a size string; ``None`` = everything the host can spend. The
       budget used is ``min(pin_budget, host.spendable)``.

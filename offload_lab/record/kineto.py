@@ -1,4 +1,4 @@
-"""Import a torch.profiler / Kineto chrome trace as a :class:`~offload_lab.record.run.Run` (issue 7).
+"""Import a torch.profiler / Kineto chrome trace as a :class:`~offload_lab.record.run.Run`.
 
 >>> from offload_lab.record.kineto import from_torch_profiler
 >>> run = from_torch_profiler("tests/data/traces/gpu_two_steps.json")  # doctest: +SKIP
@@ -14,7 +14,7 @@ trace loads in a few seconds with memory bounded by the kernels and copies it ho
 (``benchmarks/trace_import.py``). Malformed or truncated files raise :class:`TraceFormatError`
 naming the problem and where (event index in ``traceEvents``, byte offset).
 
-**Mapping** (DESIGN §6):
+**Mapping** onto the frames:
 
 - **copies** — ``gpu_memcpy`` rows named ``Memcpy HtoD (<src> -> Device)`` become ``copy``
   events on the ``copy`` stream, one per memcpy, ``bytes`` from ``args["bytes"]``; the source

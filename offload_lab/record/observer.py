@@ -1,4 +1,4 @@
-"""Observer mode: record a per-layer timeline of a model that *another* system offloads (issue 7).
+"""Observer mode: record a per-layer timeline of a model that *another* system offloads.
 
 Accelerate's hooks, diffusers group offloading, a serving engine's layerwise offload or
 offload-lab's own manager move the weights; :func:`observe` only watches. It adds forward

@@ -2,7 +2,7 @@
 
 Every producer — the cuda and cpu backends, the simulator, trace import, observer mode — emits
 interval events plus step boundaries and calls :meth:`Run.build`; every consumer (analysis,
-figures, report) reads the frames. Column sets are the contract of DESIGN §6.
+figures, report) reads the frames. Column sets are the contract (``docs/frames.md``).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _jsonable(obj: Any) -> Any:
 class Run:
     """One execution of N steps under one plan: measured (``cuda``/``cpu``) or simulated (``sim``).
 
-    Frames (DESIGN §6): ``events``, ``layers``, ``steps``, ``memory``; plus ``meta``.
+    Frames: ``events``, ``layers``, ``steps``, ``memory``; plus ``meta``.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")

@@ -23,7 +23,7 @@ the device when a step begins and ends (so a wrap-around copy finishes between s
 ``compute_mode="sync"`` models the cpu backend instead: the host thread runs each block itself
 and its pageable/mapped copies, while one copy-engine thread per group runs pinned copies; work
 that overlaps shares the processor by the profile's ``contention`` (1.0: one processor, so
-overlap saves nothing — DESIGN §11) and ``copy_priority`` (who gets it).
+overlap saves nothing) and ``copy_priority`` (who gets it).
 
 A simulated :class:`~offload_lab.record.run.Run` has the same frames as a measured one,
 ``backend == "sim"``, ``meta["simulated"] is True`` and a label ending in ``(simulated)``.

@@ -1,4 +1,4 @@
-"""Plotly figures: each a pure function of Run / Plan frames (DESIGN §2, §6).
+"""Plotly figures: each a pure function of Run / Plan frames.
 
 Every figure marks simulated runs as such (title, bar label and a hatched pattern), and every
 figure uses one colour per tier (:data:`TIER_COLORS`). Bars are drawn as a few traces with many

@@ -113,7 +113,7 @@ def _params_html(params: Mapping[str, Any]) -> str:
 
 
 def _reason_flags(reasons: Iterable[Any]) -> int:
-    # the planner's reason strings say when a pin was given back or a layer demoted (DESIGN §4.5)
+    # the planner's reason strings say when a pin was given back or a layer demoted
     keys = ("given back", "demoted", "does not fit", "exceed")
     return sum(1 for r in reasons if isinstance(r, str) and any(k in r.lower() for k in keys))
 

@@ -248,7 +248,7 @@ class OffloadManager:
         if errors:
             raise RuntimeError(f"restoring the model hit {len(errors)} error(s): {errors[0]!r}") from errors[0]
 
-    # -- initialisation (DESIGN §4) ------------------------------------------------------------------
+    # -- initialisation ----------------------------------------------------------------------------
     def _layer_param_ids(self) -> set[int]:
         return {id(p) for g in self._groups for b in g.blocks for p in b.parameters()}
 
