@@ -9,11 +9,11 @@ import warnings
 
 import pandas as pd
 import pytest
-from offload_lab.analysis.summary import AnalysisError, bound, compare, metrics
 
 import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.analysis import summary as analysis
+from offload_lab.analysis.summary import AnalysisError, bound, compare, metrics
 from offload_lab.record.run import Run
 
 HOST = offload_lab.HostMemory(available="256GiB")
