@@ -16,6 +16,8 @@ import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.model.spec import ModelSpec, dtype_name
 from offload_lab.model.synthetic import SyntheticError
+from offload_lab.model.synthetic.inputs import grid as token_grid
+from offload_lab.model.synthetic.weights import init_tensor
 
 CATALOG_NAMES = ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b", "minimax-h3"]
 
@@ -139,9 +141,9 @@ def test_example_inputs_token_grid_and_determinism():
     assert not torch.equal(a["x"], c["x"])
     assert a["context"].shape[1] == 512  # the catalog's text length by default
     for tokens in (64, 61, 32760):
-        grid = synthetic._grid(tokens)
+        grid = token_grid(tokens)
         assert grid[0] * grid[1] * grid[2] == tokens
-    assert synthetic._grid(32760) == (21, 30, 52)  # 480p: latent 21×60×104 at patch 1×2×2
+    assert token_grid(32760) == (21, 30, 52)  # 480p: latent 21×60×104 at patch 1×2×2
     x = synthetic.example_inputs(model, tokens=32760, text_tokens=1)["x"]
     assert tuple(x.shape) == (1, 16, 21, 60, 104)
 
@@ -209,10 +211,10 @@ def test_weights_ignore_global_rng_state():
     b = _small(seed=11).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     # a known value pins the generator scheme itself (changing it changes every checkpoint)
-    w = synthetic._init_tensor("blocks.0.self_attn.q.weight", (2, 2), seed=0)
+    w = init_tensor("blocks.0.self_attn.q.weight", (2, 2), seed=0)
     expected = torch.tensor([[-1.1612539291381836, 0.8853533864021301], [-0.017909327521920204, 0.4240547716617584]])
     torch.testing.assert_close(w, expected, rtol=0, atol=0)
-    assert not torch.equal(w, synthetic._init_tensor("blocks.1.self_attn.q.weight", (2, 2), seed=0))
+    assert not torch.equal(w, init_tensor("blocks.1.self_attn.q.weight", (2, 2), seed=0))
 
 
 # -- save / load ---------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +23,6 @@ DTYPE_BYTES: dict[str, int] = {
     "float8_e4m3fn": 1, "float8_e5m2": 1,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }
-# safetensors header dtype codes -> our names
-_ST_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-}
-_MAX_HEADER = 100 * 2**20
 
 
 class SpecError(ValueError):
@@ -47,6 +39,12 @@ class TensorSpec:
     mapped: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shape, tuple) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.shape
+        ):
+            raise SpecError(
+                f"tensor {self.name!r} has shape {self.shape!r}; accepted: a tuple of ints ≥ 0"
+            )
         if self.dtype not in DTYPE_BYTES:
             raise SpecError(
                 f"tensor {self.name!r} has dtype {self.dtype!r}; accepted: {sorted(DTYPE_BYTES)}"
@@ -71,7 +69,7 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        return cls(d["name"], tuple(int(s) for s in d["shape"]), d["dtype"], bool(d.get("mapped", False)))
+        return cls(d["name"], tuple(d["shape"]), d["dtype"], bool(d.get("mapped", False)))
 
 
 @dataclass
@@ -259,93 +257,26 @@ class ModelSpec:
     ) -> ModelSpec:
         """Spec of a checkpoint from its headers only: a file, a directory, or a sharded index.
 
-        Every tensor is a checkpoint view (``mapped``) since it can be served from the file's pages.
+        Every tensor is a checkpoint view (``mapped``) since it can be served from the file's
+        pages. The headers are validated in full (:mod:`offload_lab.model.checkpoints`); a bad
+        one raises a one-line :class:`SpecError` naming the file and the tensor.
+
+        >>> ModelSpec.from_safetensors("/nonexistent/model.safetensors")
+        Traceback (most recent call last):
+        ...
+        offload_lab.model.spec.SpecError: no such safetensors file or directory: '/nonexistent/model.safetensors'
         """
+        from offload_lab.model.checkpoints import read_checkpoint, spec_from_headers
+
         p = Path(path)
-        files = _safetensors_files(p)
-        tensors: list[TensorSpec] = []
-        for f in files:
-            for tname, (dtype, shape) in read_safetensors_header(f).items():
-                tensors.append(TensorSpec(tname, shape, dtype, mapped=True))
-        return _spec_from_named(tensors, name or p.name.split(".")[0], groups)
-
-
-# -- safetensors headers --------------------------------------------------------------------
-def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """``{name: (dtype, shape)}`` from one safetensors file's header, reading only the header."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise SpecError(f"{str(path)!r} is truncated: {len(head)} bytes, no safetensors header")
-            (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER or 8 + n > size:
-                raise SpecError(
-                    f"{str(path)!r} has a corrupt safetensors header: declares {n} header bytes "
-                    f"but the file has {size} bytes"
-                )
-            raw = f.read(n)
-    except OSError as e:
-        raise SpecError(f"cannot read safetensors file {str(path)!r}: {e}") from None
-    try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"{str(path)!r} has a corrupt safetensors header (not JSON: {e})") from None
-    if not isinstance(header, dict):
-        raise SpecError(f"{str(path)!r} has a corrupt safetensors header (not a JSON object)")
-    out = {}
-    data_len = size - 8 - n
-    for tname, info in header.items():
-        if tname == "__metadata__":
-            continue
-        try:
-            dtype = _ST_DTYPES[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise SpecError(
-                f"{str(path)!r}: tensor {tname!r} has a malformed header entry {info!r}; "
-                f"expected dtype in {sorted(_ST_DTYPES)}, shape and data_offsets"
-            ) from None
-        if end > data_len or begin > end:
-            raise SpecError(
-                f"{str(path)!r} is truncated: tensor {tname!r} ends at byte {end} of the data "
-                f"section but only {data_len} bytes are present"
-            )
-        out[tname] = (dtype, shape)
-    return out
-
-
-def _safetensors_files(p: Path) -> list[Path]:
-    if p.is_dir():
-        indexes = sorted(p.glob("*.safetensors.index.json"))
-        if indexes:
-            return _safetensors_files(indexes[0])
-        files = sorted(p.glob("*.safetensors"))
-        if not files:
-            raise SpecError(f"directory {str(p)!r} holds no .safetensors files or index")
-        return files
-    if p.name.endswith(".index.json"):
-        try:
-            index = json.loads(p.read_text())
-            shards = sorted(set(index["weight_map"].values()))
-        except (OSError, json.JSONDecodeError, KeyError, AttributeError) as e:
-            raise SpecError(
-                f"{str(p)!r} is not a safetensors index (expected JSON with a 'weight_map'): {e}"
-            ) from None
-        return [p.parent / s for s in shards]
-    if not p.exists():
-        raise SpecError(f"no such safetensors file or directory: {str(p)!r}")
-    return [p]
+        return spec_from_headers(read_checkpoint(p), name or p.name.split(".")[0], groups)
 
 
 # -- grouping by names ------------------------------------------------------------------------
 _LAYER_RE = re.compile(r"^(?P<group>.+?)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 
 
-def _spec_from_named(
+def spec_from_named(
     tensors: list[TensorSpec], name: str, groups: list[str] | None, meta: dict | None = None,
     block_classes: dict[str, str] | None = None,
 ) -> ModelSpec:
@@ -435,53 +366,76 @@ def find_layer_groups(module) -> list[str]:
     return found
 
 
+def _groups_of(module, groups: list[str] | str | None, mname: str) -> list[str]:
+    """The layer groups to use: named, else declared by the module, else detected."""
+    from torch import nn
+
+    submods = dict(module.named_modules())
+    if groups is None:
+        declared = getattr(module, "offload_layer_groups", None)
+        if declared is not None:
+            # a module that declares its groups may have some empty (an H3 without a refiner)
+            groups = [g for g in declared if isinstance(submods.get(g), nn.ModuleList) and len(submods[g])]
+        else:
+            groups = find_layer_groups(module)
+        if not groups:
+            raise SpecError(
+                f"{mname!r} has no layer group: no nn.ModuleList of ≥ 2 blocks of one class; "
+                f"pass groups=[...] naming its block lists"
+            )
+        return groups
+    groups = [groups] if isinstance(groups, str) else list(groups)
+    for g in groups:
+        if g not in submods:
+            raise SpecError(
+                f"group {g!r} is not a submodule of {mname!r}; detected groups: "
+                f"{find_layer_groups(module)}"
+            )
+        if not isinstance(submods[g], nn.ModuleList):
+            raise SpecError(f"group {g!r} of {mname!r} is a {type(submods[g]).__name__}, not an nn.ModuleList")
+        if not len(submods[g]):
+            raise SpecError(f"group {g!r} of {mname!r} is an empty nn.ModuleList; name groups with blocks")
+    return groups
+
+
 def spec_of(module, groups: list[str] | None = None, name: str | None = None) -> ModelSpec:
     """Spec of a live ``nn.Module``: its layer groups, per-layer bytes and non-layer bytes.
 
-    Groups are auto-detected (``nn.ModuleList`` of ≥ 2 same-class blocks) unless named.
-    Shared tensors are counted once (at their first owner); tensors whose storage lies in a
-    file mapping are marked ``mapped``.
+    Groups are the ones named, else those the module declares in ``offload_layer_groups``
+    (dotted names in order; empty ones skipped), else auto-detected (every outermost
+    ``nn.ModuleList`` of ≥ 2 same-class blocks). A module carrying ``offload_spec_meta`` (the
+    synthetic models, and models loaded from their checkpoints) keeps it as the spec's
+    ``meta``, and its ``spec_name`` names the spec unless ``name`` is given; otherwise the
+    spec is named after the module's class. Shared tensors are counted once (at their first
+    owner); tensors whose storage lies in a file mapping are marked ``mapped``.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
-    >>> model = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.05)
-    >>> offload_lab.spec_of(model).group_names
-    ['blocks']
+    >>> model = synthetic.build(offload_lab.catalog.load("minimax-h3"), scale=0.02, layers=1)
+    >>> spec = offload_lab.spec_of(model)
+    >>> spec.name, spec.group_names, spec.meta["scale"]
+    ('minimax-h3', ['token_refiner.blocks', 'blocks'], 0.02)
     """
+    import copy
+
     from torch import nn
 
     from offload_lab.planning.hostmem import file_backed_checker
 
     if not isinstance(module, nn.Module):
         raise SpecError(f"spec_of expects a torch.nn.Module, got {type(module).__name__}")
-    mname = name or type(module).__name__
-    submods = dict(module.named_modules())
-    if groups is None:
-        groups = find_layer_groups(module)
-        if not groups:
-            raise SpecError(
-                f"{mname!r} has no layer group: no nn.ModuleList of ≥ 2 blocks of one class; "
-                f"pass groups=[...] naming its block lists"
-            )
-    else:
-        groups = list(groups)
-        for g in groups:
-            if g not in submods:
-                raise SpecError(
-                    f"group {g!r} is not a submodule of {mname!r}; detected groups: "
-                    f"{find_layer_groups(module)}"
-                )
-            if not isinstance(submods[g], nn.ModuleList):
-                raise SpecError(f"group {g!r} of {mname!r} is a {type(submods[g]).__name__}, not an nn.ModuleList")
+    meta = getattr(module, "offload_spec_meta", None)
+    meta = copy.deepcopy(meta) if isinstance(meta, dict) else {}
+    mname = name or meta.get("spec_name") or type(module).__name__
+    groups = _groups_of(module, groups, mname)
     is_mapped = file_backed_checker()
-    seen: set[tuple[int, int]] = set()
+    seen: set[int] = set()
     tensors: list[TensorSpec] = []
     for pname, p in module.named_parameters(remove_duplicate=False):
-        key = (id(p), 0)
-        if key in seen:
+        if id(p) in seen:
             continue
-        seen.add(key)
+        seen.add(id(p))
         mapped = False if p.device.type == "meta" else is_mapped(p)
         tensors.append(TensorSpec(pname, tuple(p.shape), dtype_name(p.dtype), mapped))
-    classes = {g: type(submods[g][0]).__name__ for g in groups}
-    return _spec_from_named(tensors, mname, groups, block_classes=classes)
+    classes = {g: type(module.get_submodule(g)[0]).__name__ for g in groups}
+    return spec_from_named(tensors, mname, groups, meta=meta, block_classes=classes)

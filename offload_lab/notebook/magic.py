@@ -125,11 +125,6 @@ def spec_for_model(model: nn.Module) -> ModelSpec:
     >>> spec_for_model(synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=2)).name
     'wan2.1-t2v-1.3b'
     """
-    if hasattr(model, "offload_spec_meta"):
-        from offload_lab.model import synthetic
-
-        # the meta (token counts, dims) lets the simulator and FLOPs model read the model
-        return synthetic.spec_of(model)
     from offload_lab.model.spec import spec_of
 
     return spec_of(model)
