@@ -38,6 +38,7 @@ _EXPORTS = {
     "calibrate": "simulation.engine",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
+    "shipped_runs": "shipped",
 }
 # submodules users reach from the root: ``offload_lab.catalog.load(...)``
 _MODULES = {

@@ -1,34 +1,115 @@
-"""Where the shipped JSON data (model catalog, device profiles) lies, installed or in a checkout."""
+"""Where the shipped data lies, installed or in a checkout: the model catalog, device profiles and
+measured GPU runs.
+
+A wheel carries them as ``offload_lab/_data/<kind>`` (pyproject's force-include); a source
+checkout or an editable install has them in the repository's ``data/<kind>``. Both are found
+from the package's own location, never from the working directory, so a notebook copied
+anywhere still finds them.
+
+>>> sorted(KINDS)
+['devices', 'models', 'runs']
+>>> data_dir("models").name
+'models'
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib.resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from offload_lab.record.run import Run
+
+__all__ = ["KINDS", "ShippedDataError", "data_dir", "searched", "shipped_runs"]
 
 _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+#: kind of shipped data -> the files that make a directory of it
+KINDS = {"models": "*.json", "devices": "*.json", "runs": "*/*.zip"}
+
+
+class ShippedDataError(LookupError):
+    """Shipped data that is not where an installed package or a checkout keeps it."""
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of shipped data {kind!r}; accepted: {sorted(KINDS)}")
+
+
+def _candidates(kind: str) -> list[Path]:
+    out = []
+    try:
+        # wheels install unzipped, so the resource is a real directory we can hand out paths in
+        out.append(Path(str(importlib.resources.files(__package__) / "_data" / kind)))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    out.append(_REPO_DATA / kind)
+    return out
 
 
 @functools.cache
 def data_dir(kind: str) -> Path | None:
-    """The directory of shipped ``*.json`` of ``kind`` (``"models"`` or ``"devices"``), or None.
+    """The directory of shipped data of ``kind`` (one of :data:`KINDS`), or None when absent.
 
-    A wheel carries them as ``offload_lab/_data/<kind>`` (pyproject's force-include); a source
-    checkout or editable install has them in the repository's ``data/<kind>``.
+    >>> data_dir("runs") is None or any(data_dir("runs").glob("*/*.zip"))
+    True
     """
-    candidates = []
-    try:
-        # wheels install unzipped, so the resource is a real directory we can hand out paths in
-        candidates.append(Path(str(importlib.resources.files(__package__) / "_data" / kind)))
-    except (ModuleNotFoundError, TypeError):
-        pass
-    candidates.append(_REPO_DATA / kind)
-    for d in candidates:
-        if d.is_dir() and any(d.glob("*.json")):
+    _check_kind(kind)
+    for d in _candidates(kind):
+        if d.is_dir() and any(d.glob(KINDS[kind])):
             return d
     return None
 
 
 def searched(kind: str) -> str:
-    """The places :func:`data_dir` looks, for error messages."""
-    return f"offload_lab/_data/{kind} (installed) and {str(_REPO_DATA / kind)!r}"
+    """The places :func:`data_dir` looks, for error messages.
+
+    >>> searched("runs").startswith(repr(str(_candidates("runs")[0])))
+    True
+    """
+    _check_kind(kind)
+    paths = _candidates(kind)
+    where = [f"{str(paths[0])!r} (installed)"] if len(paths) > 1 else []
+    return " and ".join(where + [f"{str(_REPO_DATA / kind)!r} (source checkout)"])
+
+
+def shipped_runs(model: str | None = None) -> list[Run]:
+    """The measured GPU runs shipped with offload-lab, optionally only those of one model.
+
+    They are the ``*.zip`` runs in the folders of ``offload_lab/_data/runs`` (installed) or of
+    the checkout's ``data/runs``, in folder and file order, each loaded with
+    :meth:`offload_lab.Run.load`. ``model`` is a catalog name (matched case-insensitively
+    against each run's ``meta["model"]``); a catalog model that has no shipped runs gives an
+    empty list. Raises :class:`ShippedDataError` naming the paths searched when there are no
+    shipped runs at all, and ``ValueError`` for a name that is neither a catalog model nor
+    the model of a shipped run.
+
+    >>> import offload_lab
+    >>> runs = offload_lab.shipped_runs("wan2.1-t2v-14b")
+    >>> [r.label for r in runs]
+    ['14B pinned p1', '14B pageable p1']
+    >>> {r.backend for r in runs}, any(r.simulated for r in runs)
+    ({'cuda'}, False)
+    """
+    from offload_lab.record.run import Run
+
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"model={model!r}; accepted: None or a catalog model name (a string)")
+    d = data_dir("runs")
+    if d is None:
+        raise ShippedDataError(f"no shipped measured runs found; looked for */*.zip in {searched('runs')}")
+    runs = [Run.load(p) for p in sorted(d.glob(KINDS["runs"]))]
+    if model is None:
+        return runs
+    key = model.strip().lower()
+    out = [r for r in runs if str(r.meta.get("model", "")).lower() == key]
+    if not out:
+        from offload_lab.model import catalog
+
+        known = sorted({str(r.meta.get("model")) for r in runs})
+        if key not in catalog.names():
+            raise ValueError(f"model={model!r} is neither a catalog model ({catalog.names()}) nor "
+                             f"the model of a shipped run ({known})")
+    return out
