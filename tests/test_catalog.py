@@ -1,4 +1,4 @@
-"""The shipped catalog equals shared/reference/models.md byte for byte; FLOPs; packaging."""
+"""The shipped catalog matches the models' published byte counts exactly; FLOPs; packaging."""
 
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ def test_flops_bad_tokens_name_the_value():
 
 # -- packaging -------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_catalog_loads_after_regular_install(tmp_path):
+def test_catalog_and_shipped_runs_load_after_regular_install(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(pip + ["wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(ROOT)],
@@ -285,14 +285,18 @@ def test_catalog_loads_after_regular_install(tmp_path):
                    check=True, env=env, timeout=120)
     code = (
         "import offload_lab.model.catalog as c; print(c.__file__); print(c.path('minimax-h3')); "
-        "print(c.load('minimax-h3').total_bytes)"
+        "print(c.load('minimax-h3').total_bytes); import offload_lab, offload_lab.shipped as s; "
+        "print(len(offload_lab.shipped_runs())); print(s.data_dir('runs'))"
     )
     # PYTHONPATH puts the installed copy ahead of the venv's editable one; cwd keeps the
     # repository off sys.path; the venv's site-packages still supply pandas
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, env={**env, "PYTHONPATH": str(site)}, timeout=60)
     assert out.returncode == 0, out.stderr
-    module_file, json_path, total = out.stdout.split()
+    module_file, json_path, total, n_runs, runs_dir = out.stdout.split()
     assert Path(module_file).is_relative_to(site)
     assert Path(json_path) == site / "offload_lab" / "_data" / "models" / "minimax-h3.json"
     assert int(total) == 66_280_430_080
+    # the measured GPU runs travel in the wheel too, found through the package
+    assert Path(runs_dir) == site / "offload_lab" / "_data" / "runs"
+    assert int(n_runs) == len(list(ROOT.glob("data/runs/*/*.zip"))) > 0

@@ -162,3 +162,39 @@ def test_lazy_package_api():
     assert offload_lab.ModelSpec is ModelSpec
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         offload_lab.nope  # noqa: B018
+
+
+def test_one_spec_of_for_synthetic_and_plain_modules():
+    from offload_lab.notebook.magic import spec_for_model
+
+    model = synthetic.build(catalog.load("minimax-h3"), scale=0.02, layers=1)
+    spec = offload_lab.spec_of(model)
+    # a synthetic model keeps its catalog name and meta, and its 1-block groups are groups
+    assert spec.name == "minimax-h3"
+    assert spec.group_names == ["token_refiner.blocks", "blocks"]
+    assert [g.num_layers for g in spec.groups] == [1, 1]
+    assert spec.meta == model.offload_spec_meta
+    spec.meta["dims"]["d"] = -1
+    assert model.offload_spec_meta["dims"]["d"] != -1  # the spec's meta is its own copy
+    assert synthetic.spec_of is offload_lab.spec_of
+    assert spec_for_model(model).to_dict() == offload_lab.spec_of(model).to_dict()
+    assert spec_of(model, name="mine").name == "mine"
+    assert spec_of(model, groups=["blocks"]).group_names == ["blocks"]
+    assert spec_of(TwoGroups()).name == "TwoGroups" and spec_of(TwoGroups()).meta == {}
+
+
+def test_declared_groups_skip_empty_lists_and_named_empty_lists_are_refused():
+    m = TwoGroups()
+    m.offload_layer_groups = ("nothing", "blocks")
+    m.nothing = nn.ModuleList()
+    assert spec_of(m).group_names == ["blocks"]
+    with pytest.raises(SpecError, match="'nothing' of 'TwoGroups' is an empty nn.ModuleList"):
+        spec_of(m, groups=["nothing", "blocks"])
+
+
+@pytest.mark.parametrize("shape", [(True, 2), (-1, 2), (2.0,), ("2",), [2, 2]])
+def test_tensor_shapes_are_tuples_of_non_negative_ints(shape):
+    from offload_lab.model.spec import TensorSpec
+
+    with pytest.raises(SpecError, match="accepted: a tuple of ints ≥ 0"):
+        TensorSpec("w", shape, "float32")

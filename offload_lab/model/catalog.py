@@ -8,7 +8,7 @@ declared order, and ``meta`` (``arch``, ``display_name``, ``default_steps``,
 Which tensors are checkpoint views (``mapped``): for MiniMax-H3 every tensor but each block's
 fused ``attn.qkv_proj.weight``, which is re-ordered at load time (50.53 of 61.73 GiB are views);
 for Wan2.1 every tensor, since the original loader takes each checkpoint tensor by name with no
-re-layout. All Wan tensors are bfloat16, matching the reference byte counts.
+re-layout. All Wan tensors are bfloat16, matching the published byte counts.
 
 >>> from offload_lab import catalog
 >>> catalog.names()
@@ -34,7 +34,6 @@ from offload_lab.model.spec import ModelSpec, SpecError
 from offload_lab.shipped import data_dir, searched
 
 __all__ = ["CatalogError", "names", "load", "path"]
-
 
 
 class CatalogError(SpecError):
