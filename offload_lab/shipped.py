@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from offload_lab.record.run import Run
 
-__all__ = ["KINDS", "ShippedDataError", "data_dir", "searched", "shipped_runs"]
+__all__ = ["KINDS", "ShippedDataError", "data_dir", "require_dir", "json_names", "searched", "shipped_runs"]
 
 _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 #: kind of shipped data -> the files that make a directory of it
@@ -63,6 +63,27 @@ def data_dir(kind: str) -> Path | None:
     return None
 
 
+def require_dir(kind: str, what: str, error: type[Exception] = ShippedDataError) -> Path:
+    """:func:`data_dir`, or ``error`` saying ``no <what> found`` and where it looked.
+
+    >>> require_dir("devices", "device profiles").name
+    'devices'
+    """
+    d = data_dir(kind)
+    if d is None:
+        raise error(f"no {what} found; looked for {KINDS[kind]} in {searched(kind)}")
+    return d
+
+
+def json_names(kind: str, what: str, error: type[Exception] = ShippedDataError) -> list[str]:
+    """The names (file stems) of the shipped ``*.json`` of ``kind``, sorted.
+
+    >>> json_names("models", "model catalog")[:2]
+    ['minimax-h3', 'wan2.1-i2v-14b']
+    """
+    return sorted(p.stem for p in require_dir(kind, what, error).glob("*.json"))
+
+
 def searched(kind: str) -> str:
     """The places :func:`data_dir` looks, for error messages.
 
@@ -97,9 +118,7 @@ def shipped_runs(model: str | None = None) -> list[Run]:
 
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model={model!r}; accepted: None or a catalog model name (a string)")
-    d = data_dir("runs")
-    if d is None:
-        raise ShippedDataError(f"no shipped measured runs found; looked for */*.zip in {searched('runs')}")
+    d = require_dir("runs", "shipped measured runs")
     runs = [Run.load(p) for p in sorted(d.glob(KINDS["runs"]))]
     if model is None:
         return runs

@@ -198,3 +198,21 @@ def test_tensor_shapes_are_tuples_of_non_negative_ints(shape):
 
     with pytest.raises(SpecError, match="accepted: a tuple of ints ≥ 0"):
         TensorSpec("w", shape, "float32")
+
+
+def test_malformed_spec_json_is_one_line_spec_error(tmp_path):
+    good = catalog.load("wan2.1-t2v-1.3b").to_dict()
+    bad_file = tmp_path / "latin1.json"
+    bad_file.write_bytes(b'{"name": "\xff"}')
+    cases = [
+        (bad_file, "cannot read model spec"),
+        ('{"format": "offload-lab/model-spec", "name": "m"}', "'m' is malformed: missing 'groups'"),
+        (json.dumps({**good, "groups": [{"name": "blocks", "layers": [[{"name": "w"}]]}]}),
+         "missing 'shape'"),
+        (json.dumps({**good, "groups": 5}), "is malformed"),
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ]
+    for source, needle in cases:
+        with pytest.raises(SpecError, match=needle) as e:
+            ModelSpec.from_json(source)
+        assert "\n" not in str(e.value)

@@ -31,7 +31,7 @@ import functools
 from pathlib import Path
 
 from offload_lab.model.spec import ModelSpec, SpecError
-from offload_lab.shipped import data_dir, searched
+from offload_lab.shipped import json_names, require_dir
 
 __all__ = ["CatalogError", "names", "load", "path"]
 
@@ -41,10 +41,7 @@ class CatalogError(SpecError):
 
 
 def _models_dir() -> Path:
-    d = data_dir("models")
-    if d is None:
-        raise CatalogError(f"no model catalog found; looked for *.json in {searched('models')}")
-    return d
+    return require_dir("models", "model catalog", CatalogError)
 
 
 def names() -> list[str]:
@@ -53,7 +50,7 @@ def names() -> list[str]:
     >>> "wan2.1-t2v-14b" in names()
     True
     """
-    return sorted(p.stem for p in _models_dir().glob("*.json"))
+    return json_names("models", "model catalog", CatalogError)
 
 
 def _canonical(name: str) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 from offload_lab.model.spec import ModelSpec, SpecError, TensorSpec, spec_from_named
 
 __all__ = [
-    "ST_DTYPES", "TensorEntry", "Header", "read_header", "checkpoint_files", "read_checkpoint",
+    "ST_DTYPES", "TensorEntry", "Header", "read_header", "read_checkpoint",
     "spec_from_headers",
 ]
 
@@ -251,19 +251,9 @@ def _index_shards(index: Path) -> tuple[list[Path], dict[str, str]]:
     return files, wmap
 
 
-def checkpoint_files(path: str | os.PathLike) -> list[Path]:
-    """The safetensors files of a checkpoint: the file itself, a directory's index or files,
-    or an index's shards.
-
-    >>> checkpoint_files("/nonexistent")
-    Traceback (most recent call last):
-    ...
-    offload_lab.model.spec.SpecError: no such safetensors file or directory: '/nonexistent'
-    """
-    return _files(Path(path))[0]
-
-
 def _files(p: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The files of a checkpoint (the file itself, a directory's index or files, or an index's
+    shards) and the index's ``weight_map`` when there is one."""
     if p.is_dir():
         indexes = sorted(p.glob("*.safetensors.index.json"))
         if indexes:
@@ -284,6 +274,10 @@ def _files(p: Path) -> tuple[list[Path], dict[str, str] | None]:
 
 def read_checkpoint(path: str | os.PathLike) -> list[Header]:
     """The validated headers of every file of a checkpoint; a tensor name appears in one only.
+
+    ``path`` is one ``.safetensors`` file, a ``*.safetensors.index.json`` (its ``weight_map``
+    may only name regular files inside its directory), or a directory holding an index or
+    ``*.safetensors`` files.
 
     An index's ``weight_map`` must agree with its shards: each tensor lies in the shard it names.
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,7 @@ class ModelSpec:
 
     # -- views -------------------------------------------------------------------------
     def group(self, name: str) -> GroupSpec:
+        """The group called ``name``; an unknown name is a SpecError listing the groups."""
         for g in self.groups:
             if g.name == name:
                 return g
@@ -144,7 +146,8 @@ class ModelSpec:
     def group_names(self) -> list[str]:
         return [g.name for g in self.groups]
 
-    def iter_layers(self):
+    def iter_layers(self) -> Iterator[LayerSpec]:
+        """Every layer, group by group in declared order."""
         for g in self.groups:
             yield from g.layers
 
@@ -188,6 +191,7 @@ class ModelSpec:
         )
 
     def tensors(self) -> list[TensorSpec]:
+        """Every tensor: the layers' in group and layer order, then the non-layer ones."""
         out = [t for layer in self.iter_layers() for t in layer.tensors]
         return out + list(self.non_layer)
 
@@ -217,8 +221,26 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        """A spec from the dict :meth:`to_dict` writes; a malformed one is a one-line SpecError.
+
+        >>> ModelSpec.from_dict({"format": "offload-lab/model-spec", "name": "m"})
+        Traceback (most recent call last):
+        ...
+        offload_lab.model.spec.SpecError: model spec 'm' is malformed: missing 'groups'
+        """
         if not isinstance(d, dict) or d.get("format") != "offload-lab/model-spec":
             raise SpecError("not an offload-lab model spec (expected format 'offload-lab/model-spec')")
+        try:
+            return cls._parse(d)
+        except KeyError as e:
+            raise SpecError(f"model spec {d.get('name')!r} is malformed: missing {e.args[0]!r}") from None
+        except (TypeError, AttributeError, ValueError) as e:
+            if isinstance(e, SpecError):
+                raise
+            raise SpecError(f"model spec {d.get('name')!r} is malformed: {e}") from None
+
+    @classmethod
+    def _parse(cls, d: dict[str, Any]) -> ModelSpec:
         groups = []
         for g in d["groups"]:
             layers = [
@@ -232,6 +254,13 @@ class ModelSpec:
         )
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The spec as JSON text (written to ``path`` too when given); :meth:`from_json` reads it.
+
+        >>> import offload_lab
+        >>> s = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+        >>> ModelSpec.from_json(s.to_json()) == s
+        True
+        """
         text = json.dumps(self.to_dict(), indent=1)
         if path is not None:
             Path(path).write_text(text)
@@ -239,16 +268,27 @@ class ModelSpec:
 
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> ModelSpec:
-        text = str(path_or_text)
+        """A spec from JSON text, or from a JSON file written by :meth:`to_json`.
+
+        >>> ModelSpec.from_json("{nope")
+        Traceback (most recent call last):
+        ...
+        offload_lab.model.spec.SpecError: model spec is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
+        """
+        text, where = str(path_or_text), "model spec"
         if not text.lstrip().startswith("{"):
+            where = f"model spec {text!r}"
             try:
-                text = Path(path_or_text).read_text()
-            except OSError as e:
-                raise SpecError(f"cannot read model spec {str(path_or_text)!r}: {e}") from None
+                text = Path(path_or_text).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise SpecError(f"cannot read {where}: {e}") from None
         try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise SpecError(f"model spec is not valid JSON: {e}") from None
+            data = json.loads(text)
+        except RecursionError:
+            raise SpecError(f"{where} is not valid JSON: nested too deeply") from None
+        except ValueError as e:
+            raise SpecError(f"{where} is not valid JSON: {e}") from None
+        return cls.from_dict(data)
 
     # -- safetensors ---------------------------------------------------------------------
     @classmethod
@@ -280,7 +320,16 @@ def spec_from_named(
     tensors: list[TensorSpec], name: str, groups: list[str] | None, meta: dict | None = None,
     block_classes: dict[str, str] | None = None,
 ) -> ModelSpec:
-    """Split named tensors into groups ``<group>.<i>.<rest>`` and non-layer tensors."""
+    """Split named tensors into groups ``<group>.<i>.<rest>`` and non-layer tensors.
+
+    Without ``groups``, a group is every outermost prefix numbered 0..n-1 with n ≥ 2, in order
+    of first appearance.
+
+    >>> ts = [TensorSpec(n, (2,), "float32") for n in ("blocks.0.w", "blocks.1.w", "head.w")]
+    >>> s = spec_from_named(ts, "m", None)
+    >>> s.group_names, [t.name for t in s.non_layer]
+    (['blocks'], ['head.w'])
+    """
     by_group: dict[str, dict[int, list[TensorSpec]]] = defaultdict(lambda: defaultdict(list))
     non_layer: list[TensorSpec] = []
     if groups is not None:
@@ -343,12 +392,23 @@ def _candidate_groups(tensors: list[TensorSpec]) -> set[str]:
 
 
 # -- live modules -----------------------------------------------------------------------------
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: Any) -> str:
+    """A torch dtype's name as specs write it.
+
+    >>> import torch
+    >>> dtype_name(torch.bfloat16)
+    'bfloat16'
+    """
     return str(dtype).removeprefix("torch.")
 
 
-def find_layer_groups(module) -> list[str]:
-    """Dotted names of every ``nn.ModuleList`` of ≥ 2 blocks of one class (outermost only)."""
+def find_layer_groups(module: Any) -> list[str]:
+    """Dotted names of every ``nn.ModuleList`` of ≥ 2 blocks of one class (outermost only).
+
+    >>> from torch import nn
+    >>> find_layer_groups(nn.ModuleDict({"blocks": nn.ModuleList(nn.Linear(2, 2) for _ in range(3))}))
+    ['blocks']
+    """
     from torch import nn
 
     found = []
