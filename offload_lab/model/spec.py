@@ -280,8 +280,10 @@ class ModelSpec:
             where = f"model spec {text!r}"
             try:
                 text = Path(path_or_text).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise SpecError(f"cannot read {where}: {e}") from None
+            except UnicodeDecodeError as e:
+                raise SpecError(f"{where} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+            except OSError as e:
+                raise SpecError(f"cannot read {where}: {e.strerror or e}") from None
         try:
             data = json.loads(text)
         except RecursionError:
