@@ -161,8 +161,10 @@ def test_step_times_ratio_annotations_and_simulated_marks(measured, h3_sim):
     (bar,) = fig.data
     assert len(bar.y) == 3
     assert bar.text[0].endswith("×1.00")
-    ratio = h3_sim.step_time / measured[0].step_time
-    assert bar.text[2].endswith(viz.fmt_ratio(ratio))
+    assert bar.text[1].endswith(viz.fmt_ratio(measured[1].step_time / measured[0].step_time))
+    # a simulation of another model is not divided by a cpu measurement: no ratio on its bar
+    assert bar.text[2] == viz.fmt_seconds(h3_sim.step_time)
+    assert "no ratio" in bar.customdata[2][3] and "model" in bar.customdata[2][3]
     assert "(simulated)" in bar.y[2] and "simulated" not in bar.y[0]
     assert list(bar.marker.pattern.shape) == ["", "", viz.SIM_PATTERN]
     assert bar.marker.pattern.fillmode == "overlay"  # hatching over the colour, not instead of it
@@ -235,7 +237,8 @@ def test_comparison_frame_reads_like_compare(measured, h3_sim):
     assert text["backend"].tolist() == ["cpu", "cpu", "sim (simulated)"]
     assert text["step"].tolist() == [viz.fmt_seconds(r.step_time) for r in runs]
     assert text["ratio"][0] == "×1.00"
-    assert text["ratio"][2] == viz.fmt_ratio(h3_sim.step_time / measured[0].step_time)
+    assert text["ratio"][1] == viz.fmt_ratio(measured[1].step_time / measured[0].step_time)
+    assert text["ratio"][2] == "" and "no ratio" in text["note"][2] and "model" in text["note"][2]
     assert text["overlap"].tolist() == [f"{100 * x:.0f} %" for x in raw["overlap"]]
 
 
