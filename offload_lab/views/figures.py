@@ -40,6 +40,7 @@ from offload_lab.views.text import (
     fmt_ratio,
     fmt_seconds,
     split_labels,
+    strip_simulated,
     time_unit,
     wrap,
 )
@@ -151,6 +152,11 @@ def _unique(names: list[str]) -> list[str]:
 def _short(label: Any, limit: int = 60) -> str:
     """Escaped label for a title, wrapped onto lines of about ``limit`` characters."""
     return _lines(label, limit)
+
+
+def _title_label(run: Run, limit: int = 60) -> str:
+    # the title's SIMULATED tag says it once; "(simulated)" in the label would say it twice
+    return _short(strip_simulated(run.label) if run.simulated else run.label, limit)
 
 
 def _device(run: Run) -> str:
@@ -289,7 +295,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
         ev = ev[ev["step"] == int(step)]
     sub = (f"{esc(analysis.tier_summary(run.layers))} · median step {fmt_seconds(run.step_time)} · "
            f"{len(steps_measured)} step(s) · {_device(run)}")
-    title = _title(f"Timeline · {_short(run.label)}{_sim_tag(run.simulated)}", sub)
+    title = _title(f"Timeline · {_title_label(run)}{_sim_tag(run.simulated)}", sub)
     if not len(ev):
         return _empty(title, f"run {run.label!r} recorded no events", 220)
 
@@ -378,7 +384,7 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     if isinstance(plan_or_run, Run):
         layers, sim = plan_or_run.layers, plan_or_run.simulated
         group_order = _group_order(plan_or_run)
-        name = _short(plan_or_run.label, 48)
+        name = _title_label(plan_or_run, 48)
         sub = f"{esc(analysis.tier_summary(layers))} · run on {_device(plan_or_run)}"
     elif _is_plan(plan_or_run):
         layers, sim = plan_or_run.layers, False
@@ -482,7 +488,7 @@ def memory(run: Run) -> go.Figure:
     """
     run = _check_run(run)
     mem = run.memory.sort_values("t_s")
-    title = _title(f"Memory · {_short(run.label, 48)}{_sim_tag(run.simulated)}",
+    title = _title(f"Memory · {_title_label(run, 48)}{_sim_tag(run.simulated)}",
                    f"{len(mem)} samples · {_device(run)}")
     if not len(mem):
         return _empty(title, f"run {run.label!r} recorded no memory samples", 220)
