@@ -252,3 +252,65 @@ def test_figures_say_why_they_are_empty():
     assert lanes == {"compute"}
     fig = viz.startup_peaks([run.__class__.build([], [], run.layers, meta={"label": "nothing"})])
     assert not fig.data and "no startup peaks" in fig.layout.annotations[0].text
+
+
+LABELS = [f"rtx4090-pcie4 · 480p tokens · {t} (simulated)" for t in ("pinned", "pageable", "8GiB pin budget")]
+
+
+@pytest.fixture(scope="module")
+def labelled() -> list[Run]:
+    """Runs labelled as the widgets label them: device and tokens shared, the tier differs."""
+    spec = catalog.load("wan2.1-t2v-14b")
+    plans = [offload_lab.plan(spec, tier="pinned", host=HOST), offload_lab.plan(spec, tier="pageable", host=HOST),
+             offload_lab.plan(spec, pin_budget="8GiB", host=HOST)]
+    return [offload_lab.simulate(spec, p, "h200", steps=2, tokens="480p", label=lab)
+            for p, lab in zip(plans, LABELS)]
+
+
+def test_labels_put_what_differs_first_and_share_the_rest(labelled):
+    for fig in (viz.step_times(labelled), viz.bandwidth(labelled)):
+        ys = list(fig.layout.yaxis.categoryarray)[::-1]
+        assert {y for t in fig.data for y in t.y} == set(ys)
+        assert ys == ["pinned (simulated)", "pageable (simulated)", "8GiB pin budget (simulated)"]
+        assert "rtx4090-pcie4 · 480p tokens" in fig.layout.title.text
+        assert "…" not in fig.layout.title.text
+    # the same labels twice stay apart, and the hover keeps each run's full label
+    fig = viz.step_times(labelled + labelled[:1])
+    assert list(fig.data[0].y)[-1] == "pinned (simulated) #2"
+    assert fig.data[0].customdata[0][0] == LABELS[0]
+
+
+def test_long_labels_wrap_instead_of_being_cut(labelled):
+    long = "rtx4090-pcie4 · 480p tokens · a long description of this particular plan · prefetch 1"
+    run = offload_lab.simulate(catalog.load("wan2.1-t2v-14b"),
+                               offload_lab.plan(catalog.load("wan2.1-t2v-14b"), tier="pinned", host=HOST),
+                               "h200", steps=1, label=long)
+    for fig in (viz.timeline(run), viz.memory(run), viz.tier_map(run)):
+        title = fig.layout.title.text
+        assert "…" not in title and "prefetch 1" in title and "<br>" in title
+        # said once: the SIMULATED tag, not also "(simulated)" and "(sim)"
+        assert "(simulated)" not in title and title.count("SIMULATED") == 1
+        sub = fig.layout.title.subtitle.text
+        assert "(sim)" not in sub and "(simulated)" not in sub
+    (bar,) = viz.step_times([run, labelled[0]]).data
+    assert all("…" not in y for y in bar.y) and "prefetch 1" in bar.y[0]
+
+
+def test_time_axes_in_ms_when_steps_are_short(measured, h3_sim):
+    fast = measured[0]
+    assert fast.step_time < 1
+    fig = viz.timeline(fast)
+    assert fig.layout.xaxis.title.text == "time (ms from run start)"
+    bars = [t for t in fig.data if t.type == "bar"]
+    starts = sorted(b for t in bars for b in t.base)
+    assert starts[0] == pytest.approx(fast.events["start_s"].min() * 1e3, abs=1e-6)
+    assert max(b + x for t in bars for b, x in zip(t.base, t.x)) == pytest.approx(
+        fast.events["end_s"].max() * 1e3, abs=1e-6)
+    assert viz.memory(fast).layout.xaxis.title.text == "time (ms from run start)"
+    fig = viz.step_times(measured)
+    assert fig.layout.xaxis.title.text == "ms per step"
+    assert fig.data[0].x[0] == pytest.approx(fast.step_time * 1e3)
+    # steps of seconds stay in seconds
+    assert h3_sim.step_time > 1
+    assert viz.timeline(h3_sim).layout.xaxis.title.text == "time (s from run start)"
+    assert viz.step_times([h3_sim]).layout.xaxis.title.text == "s per step"
