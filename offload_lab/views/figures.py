@@ -271,6 +271,27 @@ def _step_ranges(ev: pd.DataFrame) -> dict[int, tuple[float, float]]:
     return {int(k): (float(starts[k]), float(ends[k])) for k in ends.index}
 
 
+def _step_selector(ranges: dict[int, tuple[float, float]], t0: float, t1: float, scale: float,
+                   zoom: bool) -> tuple[list[float], list[dict], list[dict]]:
+    """The timeline's x range, step separators and a dropdown zooming to one step (or all)."""
+    def rng(a: float, b: float) -> list[float]:
+        pad = max((b - a) * 0.02, 1e-9)
+        return [(a - pad) * scale, (b + pad) * scale]
+
+    if not zoom or len(ranges) < 2:
+        return rng(t0, t1), [], []
+    # the selector zooms (relayout of the x range): the data is in the figure once
+    shapes = [dict(type="line", x0=a * scale, x1=a * scale, yref="paper", y0=0, y1=1,
+                   line=dict(color="#999", width=1, dash="dot")) for a, _b in ranges.values()]
+    buttons = [dict(label=f"step {s}", method="relayout", args=[{"xaxis.range": rng(*r)}])
+               for s, r in sorted(ranges.items())]
+    buttons.append(dict(label="all steps", method="relayout", args=[{"xaxis.range": rng(t0, t1)}]))
+    menus = [dict(type="dropdown", buttons=buttons, active=0, direction="down", showactive=True,
+                  x=1.0, xanchor="right", y=1.0, yanchor="bottom", pad={"t": 0, "b": 6},
+                  font={"size": 11})]
+    return rng(*ranges[min(ranges)]), shapes, menus
+
+
 def timeline(run: Run, step: int | None = None) -> go.Figure:
     """Per-layer intervals on one lane per stream (and per group where there are several).
 
@@ -344,24 +365,8 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     add((kind == "host_block").to_numpy(), "host blocked (staging copy)", HOST_BLOCK_COLOR, "host_block",
         pattern=_pattern("/", size=6))
 
-    t0, t1 = float(start.min()), float(ev["end_s"].max())
-
-    def _rng(a: float, b: float) -> list[float]:
-        pad = max((b - a) * 0.02, 1e-9)
-        return [(a - pad) * scale, (b + pad) * scale]
-
-    xrange, shapes, menus = _rng(t0, t1), [], []
-    if step is None and len(ranges) > 1:
-        # the selector zooms (relayout of the x range): the data is in the figure once
-        shapes = [dict(type="line", x0=a * scale, x1=a * scale, yref="paper", y0=0, y1=1,
-                       line=dict(color="#999", width=1, dash="dot")) for a, _b in ranges.values()]
-        xrange = _rng(*ranges[min(ranges)])
-        buttons = [dict(label=f"step {s}", method="relayout", args=[{"xaxis.range": _rng(*r)}])
-                   for s, r in sorted(ranges.items())]
-        buttons.append(dict(label="all steps", method="relayout", args=[{"xaxis.range": _rng(t0, t1)}]))
-        menus = [dict(type="dropdown", buttons=buttons, active=0, direction="down", showactive=True,
-                      x=1.0, xanchor="right", y=1.0, yanchor="bottom", pad={"t": 0, "b": 6},
-                      font={"size": 11})]
+    xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
+                                           scale, step is None)
     return _figure(
         traces, title, int(min(170 + 44 * len(order), 480)),
         xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),
@@ -431,21 +436,7 @@ def tier_map(plan_or_run: Any) -> go.Figure:
             textfont=dict(color="white", size=10), customdata=custom[idx], hovertemplate=hover))
     step = max(1, int(math.ceil(len(lay) / 30)))
     ticks = pos[::step]
-    shapes, notes = [], []
-    if multi:
-        g = lay["group"].astype(str).to_numpy()
-        for name in groups:
-            where = np.flatnonzero(g == name)
-            lo, hi = int(where.min()), int(where.max())
-            # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
-            # label stays inside the plot instead of spilling past the y axis
-            first = lo == 0
-            notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
-                              y=1.0, xref="x", yref="paper", yanchor="bottom",
-                              text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
-            if lo > 0:
-                shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
-                                   line=dict(color="#666", width=1, dash="dash")))
+    shapes, notes = _group_marks(lay, groups) if multi else ([], [])
     return _figure(
         traces, title, 320,
         xaxis=dict(tickvals=ticks, ticktext=[str(v) for v in lay["layer"].to_numpy()[::step]],
@@ -455,6 +446,25 @@ def tier_map(plan_or_run: Any) -> go.Figure:
         yaxis=dict(title_text=f"{unit} per layer", rangemode="tozero"),
         barmode="overlay", bargap=0.15, shapes=shapes, annotations=notes,
         uniformtext=dict(minsize=8, mode="hide"))
+
+
+def _group_marks(lay: pd.DataFrame, groups: list[str]) -> tuple[list[dict], list[dict]]:
+    """Dashed lines between groups and each group's name above its span (tier map)."""
+    shapes, notes = [], []
+    g = lay["group"].astype(str).to_numpy()
+    for name in groups:
+        where = np.flatnonzero(g == name)
+        lo, hi = int(where.min()), int(where.max())
+        # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
+        # label stays inside the plot instead of spilling past the y axis
+        first = lo == 0
+        notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
+                          y=1.0, xref="x", yref="paper", yanchor="bottom",
+                          text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
+        if lo > 0:
+            shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
+                               line=dict(color="#666", width=1, dash="dash")))
+    return shapes, notes
 
 
 def _group_order(run: Run) -> list[str]:

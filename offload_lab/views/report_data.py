@@ -101,7 +101,18 @@ def _bound_text(m: dict[str, Any]) -> str:
 
 
 def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per run, everything the summary, the comparison table and the run's section say."""
+    """Per run, everything the summary, the comparison table and the run's section say.
+
+    >>> import offload_lab
+    >>> from offload_lab.analysis.comparison import compare
+    >>> from offload_lab.analysis.summary import metrics
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> runs = [offload_lab.simulate(spec, plan, "h200", steps=2, label="a")]
+    >>> row = run_rows(runs, compare(runs), [metrics(r) for r in runs])[0]
+    >>> row["label"], row["reference"], row["noise"]
+    ('a (simulated)', True, '')
+    """
     out = []
     for i, (r, (_, c), m) in enumerate(zip(runs, comparison.iterrows(), metrics)):
         ratio_ok = bool(not c["ratio_note"] and math.isfinite(c["ratio"]))
@@ -128,7 +139,14 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
 
 
 def env_row(r: Run) -> list[str]:
-    """The environment table's cells for one run (after its label)."""
+    """The environment table's cells for one run (after its label).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> env_row(offload_lab.simulate(spec, plan, "h200", steps=1))[:2]
+    ['sim', 'h200 (simulated)']
+    """
     h = r.meta.get("host") if isinstance(r.meta.get("host"), dict) else {}
     host = (f"available {_size(h.get('available'))} of {_size(h.get('total'))}"
             + (f", cgroup {_size(h['cgroup_limit'])}" if h.get("cgroup_limit") else "")
@@ -139,7 +157,15 @@ def env_row(r: Run) -> list[str]:
 
 
 def plan_data(p: Any, tier_color: Any) -> dict[str, Any]:
-    """The plan section: ledger rows, init order and prefetch, arguments, one row per layer."""
+    """The plan section: ledger rows, init order and prefetch, arguments, one row per layer.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> d = plan_data(p, lambda tier: "#000")
+    >>> len(d["layers"]) == len(p.layers), d["layers"][0]["tier"]
+    (True, 'pinned')
+    """
     led = getattr(p, "ledger", {}) or {}
     extra = []
     order = getattr(p, "init_order", None)
