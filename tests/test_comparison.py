@@ -31,7 +31,7 @@ def _measured_like(run: Run, walls: list[float], label: str) -> Run:
     steps = pd.concat([run.steps.iloc[:1]] * len(walls), ignore_index=True)
     steps["step"] = range(len(walls))
     steps["wall_s"] = walls
-    meta = dict(run.meta, backend="cuda", simulated=False, label=label)
+    meta = dict(run.meta, backend="cuda", simulated=False, label=label, device_name="NVIDIA H200")
     return Run(run.events, run.layers, steps, run.memory, meta)
 
 
@@ -46,7 +46,7 @@ def test_ratios_only_within_model_tokens_and_backend():
     assert df["ratio"].iloc[1] == pytest.approx(b14.step_time / a14.step_time)
     assert df["ratio_to"].iloc[1] == a14.label
     for i, why in ((2, "model wan2.1-t2v-14b vs wan2.1-t2v-1.3b"), (3, "tokens 1024 vs 4096"),
-                   (4, "backend sim vs cuda")):
+                   (4, "backend simulated vs measured on NVIDIA H200")):
         assert math.isnan(df["ratio"].iloc[i]), i
         assert df["ratio_note"].iloc[i].startswith("no ratio: no other run of the same model, tokens and backend")
         assert why in df["ratio_note"].iloc[i], (i, df["ratio_note"].iloc[i])
@@ -63,6 +63,24 @@ def test_each_group_has_its_own_reference():
     assert df["ratio_to"].tolist() == [a.label, c.label, a.label, c.label]
     assert df["ratio"].tolist() == pytest.approx([1.0, 1.0, b.step_time / a.step_time, d.step_time / c.step_time])
     assert (df["ratio_note"] == "").all()
+
+
+def test_measured_runs_compare_on_the_same_device_only():
+    base = _sim("wan2.1-t2v-1.3b")
+    ours = _measured_like(base, [0.10, 0.10], "ours")
+    theirs = Run(ours.events, ours.layers, ours.steps.assign(wall_s=0.2), ours.memory,
+                 dict(ours.meta, backend="observe", label="theirs"))
+    cpu = Run(ours.events, ours.layers, ours.steps, ours.memory,
+              dict(ours.meta, backend="cpu", device_name="x86_64", label="cpu"))
+    df = compare([ours, theirs, cpu])
+    assert df["ratio"].iloc[1] == pytest.approx(2.0)  # the observer on the same GPU: comparable
+    assert math.isnan(df["ratio"].iloc[2])
+    assert "backend measured on NVIDIA H200 vs measured on x86_64" in df["ratio_note"].iloc[2]
+    # GPU check runs keep their token count under their own settings
+    other = Run(ours.events, ours.layers, ours.steps, ours.memory,
+                dict(ours.meta, label="1k", gpu_check={"tokens": 1024}))
+    mine = Run(ours.events, ours.layers, ours.steps, ours.memory, dict(ours.meta, gpu_check={"tokens": 32760}))
+    assert why_not_comparable(mine, other) == "tokens 32760 vs 1024"
 
 
 def test_a_scaled_model_is_another_model():

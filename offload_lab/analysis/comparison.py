@@ -36,14 +36,25 @@ _DTYPES = {"label": "string", "backend": "string", "simulated": "bool", "tiers":
 __all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable"]
 
 
-def _same_work(run: Run) -> dict[str, Any]:
-    m = run.meta
-    return {"model": m.get("model"), "model_bytes": m.get("model_bytes"), "tokens": m.get("tokens"),
-            "backend": run.backend}
+def _tokens(meta: dict[str, Any]) -> Any:
+    # simulations record tokens at the top of meta; GPU check runs under their own settings
+    gc = meta.get("gpu_check")
+    return meta.get("tokens") if meta.get("tokens") is not None or not isinstance(gc, dict) else gc.get("tokens")
+
+
+def _backend(run: Run) -> str:
+    # measured runs are comparable when measured on the same device, whichever recorder took them
+    # (the manager's cuda backend, or the observer watching another offload system on that GPU)
+    if run.simulated:
+        return "simulated"
+    return f"measured on {run.meta.get('device_name') or run.backend}"
 
 
 def why_not_comparable(a: Run, b: Run) -> str | None:
     """Why the step times of ``a`` and ``b`` must not be divided (None when they may be).
+
+    Comparable runs share the model (name, and size where both know it), the token count, and
+    the backend: both simulated, or both measured on the same device.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
@@ -52,12 +63,15 @@ def why_not_comparable(a: Run, b: Run) -> str | None:
     ...                    offload_lab.simulate(spec, plan, "h200", steps=1, tokens=4096))
     'tokens 1024 vs 4096'
     """
-    x, y = _same_work(a), _same_work(b)
-    for key, what in (("model", "model"), ("tokens", "tokens"), ("backend", "backend")):
-        if x[key] != y[key]:
-            return f"{what} {x[key] if x[key] is not None else 'unknown'} vs {y[key] if y[key] is not None else 'unknown'}"
-    if x["model_bytes"] is not None and y["model_bytes"] is not None and x["model_bytes"] != y["model_bytes"]:
-        return f"model size {x['model_bytes']} B vs {y['model_bytes']} B (a scaled model)"
+    pairs = (("model", a.meta.get("model"), b.meta.get("model")),
+             ("tokens", _tokens(a.meta), _tokens(b.meta)),
+             ("backend", _backend(a), _backend(b)))
+    for what, x, y in pairs:
+        if x != y:
+            return f"{what} {'unknown' if x is None else x} vs {'unknown' if y is None else y}"
+    x, y = a.meta.get("model_bytes"), b.meta.get("model_bytes")
+    if x is not None and y is not None and x != y:
+        return f"model size {x} B vs {y} B (a scaled model)"
     return None
 
 
