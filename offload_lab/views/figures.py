@@ -177,10 +177,23 @@ def _sim_tag(sim: bool) -> str:
     return ' · <span style="color:#b54708"><b>SIMULATED</b></span>' if sim else ""
 
 
+def _wrap_parts(text: str, width: int = 80) -> str:
+    """Break a `` · ``-separated line between parts so no line is much over ``width`` characters:
+    plotly never wraps titles itself, and a half-width figure in the report cuts them."""
+    lines, cur = [], ""
+    for part in text.split(" · "):
+        if cur and len(cur) + 3 + len(part) > width:
+            lines.append(cur + " ·")
+            cur = part
+        else:
+            cur = f"{cur} · {part}" if cur else part
+    return "<br>".join(lines + [cur])
+
+
 def _title(text: str, sub: str | None = None) -> dict:
     t: dict[str, Any] = {"text": text, "x": 0.01, "xanchor": "left", "font": {"size": 15}}
     if sub:
-        t["subtitle"] = {"text": sub, "font": {"size": 11, "color": "#555"}}
+        t["subtitle"] = {"text": _wrap_parts(sub), "font": {"size": 11, "color": "#555"}}
     return t
 
 
@@ -200,7 +213,9 @@ def _figure(traces: list[dict], title: dict, height: int, xaxis: dict | None = N
     go = _go()
     lay: dict[str, Any] = dict(
         template=_TEMPLATE, title=title, height=height,
-        margin=dict(l=60, r=24, t=80 if "subtitle" in title else 56, b=40),
+        margin=dict(l=60, r=24, b=40, t=56 + 14 * (str(title["text"]).count("<br>")
+                                                  + (str(title["subtitle"]["text"]).count("<br>") + 2
+                                                     if "subtitle" in title else 0))),
         # legends sit under the plot: titles and subtitles keep the top, long legends wrap below
         legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left",
                     x=0.0, font={"size": 11}),
@@ -571,7 +586,7 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
         xaxis["range"] = [0, float(np.nanmax(np.concatenate([st, hi]))) * k * 1.35]
     head = "Step time" + (f" · {_short(common, 70)}" if common else "")
     return _figure(
-        [bar], _title(head, "median per step, whiskers = fastest..slowest step · ratio to the first run "
+        [bar], _title(head, "median per step · whiskers: fastest..slowest step · ratio to the first run "
                             f"of the same model, tokens and backend · {note}"),
         130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names), xaxis=xaxis,
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
