@@ -167,7 +167,9 @@ def test_tier_summary_helpers():
 
 
 def test_analysis_does_not_import_plotly():
-    code = ("import sys, offload_lab, offload_lab.analysis.summary, offload_lab.views.figures, offload_lab.views.report; "
+    code = ("import sys, offload_lab, offload_lab.analysis.summary, offload_lab.analysis.comparison, "
+            "offload_lab.views.text, offload_lab.views.tables, offload_lab.views.figures, offload_lab.views.report; "
+            "from offload_lab.analysis.summary import compare; "
             "assert 'plotly' not in sys.modules, 'plotly imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
