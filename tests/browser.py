@@ -43,6 +43,7 @@ class PageResult:
     figures: int = 0          # figure divs (.plotly-graph-div), in the page and its frames
     rendered: int = 0         # of those, how many plotly.js drew (.js-plotly-plot with a .main-svg)
     probes: dict[str, Any] = field(default_factory=dict)
+    frame_probes: dict[str, list[Any]] = field(default_factory=dict)  # one value per frame
 
 
 def chromium_available() -> str | None:
@@ -58,11 +59,16 @@ def chromium_available() -> str | None:
 
 @dataclass
 class Visit:
-    """One page to open: its path, where to save a full-page screenshot, JavaScript probes."""
+    """One page to open: its path, where to save a full-page screenshot, JavaScript probes.
+
+    ``frame_probes`` are evaluated in the page and in every frame of it (a sandboxed iframe's
+    window cannot be read from the page, so a payload that ran inside one is only seen there).
+    """
 
     path: str | os.PathLike
     screenshot: str | os.PathLike | None = None
     probes: dict[str, str] = field(default_factory=dict)
+    frame_probes: dict[str, str] = field(default_factory=dict)
 
 
 def open_html(path: str | os.PathLike, screenshot: str | os.PathLike | None = None,
@@ -130,6 +136,8 @@ def open_pages(visits: list[Visit], width: int = 1280, height: int = 900,
                         res.rendered += frame.evaluate(_RENDERED)
                     for name, expr in visit.probes.items():
                         res.probes[name] = page.evaluate(expr)
+                    for name, expr in visit.frame_probes.items():
+                        res.frame_probes[name] = [frame.evaluate(expr) for frame in page.frames]
                     if visit.screenshot is not None:
                         Path(visit.screenshot).parent.mkdir(parents=True, exist_ok=True)
                         page.screenshot(path=str(visit.screenshot), full_page=True)

@@ -56,9 +56,13 @@ def test_compare_one_row_per_run_with_ratio_to_first(measured, simulated):
     assert df["label"].iloc[0] == "pinned"
     assert df["label"].iloc[2].endswith("(simulated)")
     assert df["ratio"].iloc[0] == 1.0
-    for r, (_, row) in zip(runs, df.iterrows()):
+    # a ratio is to the first run of the same model, tokens and backend: the cpu runs of the
+    # scaled model to the first cpu run, the full-size simulations to the first simulation
+    refs = [0, 0, 2, 2, 2]
+    for r, ref, (_, row) in zip(runs, refs, df.iterrows()):
         assert row["step_s"] == pytest.approx(r.steps["wall_s"].median())
-        assert row["ratio"] == pytest.approx(row["step_s"] / df["step_s"].iloc[0])
+        assert row["ratio"] == pytest.approx(row["step_s"] / df["step_s"].iloc[ref])
+        assert row["ratio_to"] == runs[ref].label and row["ratio_note"] == ""
         assert row["stall_s"] == pytest.approx(r.steps["stall_s"].median())
 
 
@@ -163,7 +167,9 @@ def test_tier_summary_helpers():
 
 
 def test_analysis_does_not_import_plotly():
-    code = ("import sys, offload_lab, offload_lab.analysis.summary, offload_lab.views.figures, offload_lab.views.report; "
+    code = ("import sys, offload_lab, offload_lab.analysis.summary, offload_lab.analysis.comparison, "
+            "offload_lab.views.text, offload_lab.views.tables, offload_lab.views.figures, offload_lab.views.report; "
+            "from offload_lab.analysis.summary import compare; "
             "assert 'plotly' not in sys.modules, 'plotly imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -7,6 +7,7 @@ import re
 import warnings
 from pathlib import Path
 
+import markupsafe
 import pytest
 
 import offload_lab
@@ -109,7 +110,7 @@ def test_warnings_list_degraded_plan(saved, h3_plan):
     assert any(w.startswith("plan: ") and h3_plan.warnings[0] in w for w in rep.warnings)
     assert any("degraded" in w for w in rep.warnings)
     text = read(path)
-    assert html.escape(h3_plan.warnings[0]) in text
+    assert str(markupsafe.escape(h3_plan.warnings[0])) in text
     assert any("cpu backend" in n for n in rep.notes)
 
 
@@ -118,7 +119,7 @@ def test_plan_ledger_and_every_reason(saved, h3_plan):
     text = read(path)
     assert "pin budget" in text and "net new anonymous" in text
     for reason in set(h3_plan.layers["reason"]):
-        assert html.escape(reason) in text
+        assert str(markupsafe.escape(reason)) in text
 
 
 def test_environment_from_meta(saved, measured):

@@ -161,8 +161,10 @@ def test_step_times_ratio_annotations_and_simulated_marks(measured, h3_sim):
     (bar,) = fig.data
     assert len(bar.y) == 3
     assert bar.text[0].endswith("×1.00")
-    ratio = h3_sim.step_time / measured[0].step_time
-    assert bar.text[2].endswith(viz.fmt_ratio(ratio))
+    assert bar.text[1].endswith(viz.fmt_ratio(measured[1].step_time / measured[0].step_time))
+    # a simulation of another model is not divided by a cpu measurement: no ratio on its bar
+    assert bar.text[2] == viz.fmt_seconds(h3_sim.step_time)
+    assert "no ratio" in bar.customdata[2][3] and "model" in bar.customdata[2][3]
     assert "(simulated)" in bar.y[2] and "simulated" not in bar.y[0]
     assert list(bar.marker.pattern.shape) == ["", "", viz.SIM_PATTERN]
     assert bar.marker.pattern.fillmode == "overlay"  # hatching over the colour, not instead of it
@@ -222,6 +224,12 @@ def test_tier_colours_are_distinct():
 
 
 def test_formatters():
+    from offload_lab.views import tables, text
+
+    # one home: the names figures still export are the text module's own functions
+    assert (viz.fmt_seconds, viz.fmt_ratio, viz.fmt_percent) == (text.fmt_seconds, text.fmt_ratio, text.fmt_percent)
+    assert viz.comparison_frame is tables.comparison_frame
+    assert text.fmt_seconds(0.002) == "2 ms" and text.fmt_bytes(1536) == "1.50 KiB"
     assert viz.fmt_seconds(0.9996) == "1 s"
     assert viz.fmt_seconds(float("nan")) == "–"
     assert viz.fmt_ratio(np.float64(1.9)) == "×1.90"
@@ -235,7 +243,8 @@ def test_comparison_frame_reads_like_compare(measured, h3_sim):
     assert text["backend"].tolist() == ["cpu", "cpu", "sim (simulated)"]
     assert text["step"].tolist() == [viz.fmt_seconds(r.step_time) for r in runs]
     assert text["ratio"][0] == "×1.00"
-    assert text["ratio"][2] == viz.fmt_ratio(h3_sim.step_time / measured[0].step_time)
+    assert text["ratio"][1] == viz.fmt_ratio(measured[1].step_time / measured[0].step_time)
+    assert text["ratio"][2] == "" and "no ratio" in text["note"][2] and "model" in text["note"][2]
     assert text["overlap"].tolist() == [f"{100 * x:.0f} %" for x in raw["overlap"]]
 
 
@@ -249,3 +258,65 @@ def test_figures_say_why_they_are_empty():
     assert lanes == {"compute"}
     fig = viz.startup_peaks([run.__class__.build([], [], run.layers, meta={"label": "nothing"})])
     assert not fig.data and "no startup peaks" in fig.layout.annotations[0].text
+
+
+LABELS = [f"rtx4090-pcie4 · 480p tokens · {t} (simulated)" for t in ("pinned", "pageable", "8GiB pin budget")]
+
+
+@pytest.fixture(scope="module")
+def labelled() -> list[Run]:
+    """Runs labelled as the widgets label them: device and tokens shared, the tier differs."""
+    spec = catalog.load("wan2.1-t2v-14b")
+    plans = [offload_lab.plan(spec, tier="pinned", host=HOST), offload_lab.plan(spec, tier="pageable", host=HOST),
+             offload_lab.plan(spec, pin_budget="8GiB", host=HOST)]
+    return [offload_lab.simulate(spec, p, "h200", steps=2, tokens="480p", label=lab)
+            for p, lab in zip(plans, LABELS)]
+
+
+def test_labels_put_what_differs_first_and_share_the_rest(labelled):
+    for fig in (viz.step_times(labelled), viz.bandwidth(labelled)):
+        ys = list(fig.layout.yaxis.categoryarray)[::-1]
+        assert {y for t in fig.data for y in t.y} == set(ys)
+        assert ys == ["pinned (simulated)", "pageable (simulated)", "8GiB pin budget (simulated)"]
+        assert "rtx4090-pcie4 · 480p tokens" in fig.layout.title.text
+        assert "…" not in fig.layout.title.text
+    # the same labels twice stay apart, and the hover keeps each run's full label
+    fig = viz.step_times(labelled + labelled[:1])
+    assert list(fig.data[0].y)[-1] == "pinned (simulated) #2"
+    assert fig.data[0].customdata[0][0] == LABELS[0]
+
+
+def test_long_labels_wrap_instead_of_being_cut(labelled):
+    long = "rtx4090-pcie4 · 480p tokens · a long description of this particular plan · prefetch 1"
+    run = offload_lab.simulate(catalog.load("wan2.1-t2v-14b"),
+                               offload_lab.plan(catalog.load("wan2.1-t2v-14b"), tier="pinned", host=HOST),
+                               "h200", steps=1, label=long)
+    for fig in (viz.timeline(run), viz.memory(run), viz.tier_map(run)):
+        title = fig.layout.title.text
+        assert "…" not in title and "prefetch 1" in title and "<br>" in title
+        # said once: the SIMULATED tag, not also "(simulated)" and "(sim)"
+        assert "(simulated)" not in title and title.count("SIMULATED") == 1
+        sub = fig.layout.title.subtitle.text
+        assert "(sim)" not in sub and "(simulated)" not in sub
+    (bar,) = viz.step_times([run, labelled[0]]).data
+    assert all("…" not in y for y in bar.y) and "prefetch 1" in bar.y[0]
+
+
+def test_time_axes_in_ms_when_steps_are_short(measured, h3_sim):
+    fast = measured[0]
+    assert fast.step_time < 1
+    fig = viz.timeline(fast)
+    assert fig.layout.xaxis.title.text == "time (ms from run start)"
+    bars = [t for t in fig.data if t.type == "bar"]
+    starts = sorted(b for t in bars for b in t.base)
+    assert starts[0] == pytest.approx(fast.events["start_s"].min() * 1e3, abs=1e-6)
+    assert max(b + x for t in bars for b, x in zip(t.base, t.x)) == pytest.approx(
+        fast.events["end_s"].max() * 1e3, abs=1e-6)
+    assert viz.memory(fast).layout.xaxis.title.text == "time (ms from run start)"
+    fig = viz.step_times(measured)
+    assert fig.layout.xaxis.title.text == "ms per step"
+    assert fig.data[0].x[0] == pytest.approx(fast.step_time * 1e3)
+    # steps of seconds stay in seconds
+    assert h3_sim.step_time > 1
+    assert viz.timeline(h3_sim).layout.xaxis.title.text == "time (s from run start)"
+    assert viz.step_times([h3_sim]).layout.xaxis.title.text == "s per step"

@@ -1,6 +1,7 @@
-"""Pure pandas transforms of :class:`~offload_lab.record.run.Run` frames: metrics, bounds, comparison.
+"""Pure pandas transforms of one :class:`~offload_lab.record.run.Run`: tiers, bandwidth, bound, metrics.
 
-Nothing here imports plotly: figures (``viz.py``) and the report read these results.
+Nothing here imports plotly: figures and the report read these results. Comparing runs with
+each other is :mod:`offload_lab.analysis.comparison`.
 
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -21,8 +22,6 @@ import pandas as pd
 
 from offload_lab.record.run import TIERS, Run
 
-COMPARE_COLUMNS = ["label", "backend", "simulated", "tiers", "step_s", "ratio", "stall_s",
-                   "exposed_copy_s", "overlap", "bound_s", "vs_bound"]
 BANDWIDTH_COLUMNS = ["tier", "copies", "bytes", "copy_s", "gbps", "best_gbps"]
 _COPY_TIERS = ("pinned", "pageable", "mapped", "resident", "unknown")
 
@@ -237,7 +236,8 @@ def metrics(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
 
     Keys: ``label, backend, simulated, steps, step_s, compute_s, copy_s, stall_s,
     exposed_copy_s, overlap, bytes_moved, gbps`` (``{tier: effective GB/s}`` from copy rows),
-    ``bound`` (see :func:`bound`), ``bound_s``, ``vs_bound``.
+    ``bound`` (see :func:`bound`), ``bound_s``, ``vs_bound``, ``spread`` (slowest / fastest
+    step) and ``noisy`` (see :func:`is_noisy`).
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -267,33 +267,54 @@ def metrics(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
         "bound": b,
         "bound_s": b["bound_s"],
         "vs_bound": b["vs_bound"],
+        "spread": step_spread(run),
+        "noisy": is_noisy(run),
     }
 
 
-def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
-    """One row per run: ``label, backend, simulated, tiers, step_s, ratio`` (to the first run),
-    then ``stall_s, exposed_copy_s, overlap`` (medians per step), ``bound_s, vs_bound``.
+# -- noise ------------------------------------------------------------------------------------
+NOISY_SPREAD = 1.5
+"""A measured run is noisy when its slowest measured step took more than this many times its fastest."""
+
+
+def step_spread(run: Run) -> float:
+    """Slowest measured step / fastest (``wall_s``); NaN with fewer than two timed steps.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
-    >>> host = offload_lab.HostMemory(available="256GiB")
-    >>> prof = offload_lab.DeviceProfile.load("h200")
-    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
-    ...         for t in ("pinned", "pageable")]
-    >>> df = compare(runs)
-    >>> list(df["label"]), float(df["ratio"].iloc[0])
-    (['pinned (simulated)', 'pageable (simulated)'], 1.0)
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> round(step_spread(offload_lab.simulate(spec, plan, "h200", steps=3)), 2)
+    1.0
     """
-    runs = as_runs(runs)
-    rows = []
-    for r in runs:
-        m = metrics(r)
-        rows.append({k: m[k] for k in ("label", "backend", "simulated", "tiers", "step_s", "stall_s",
-                                        "exposed_copy_s", "overlap", "bound_s", "vs_bound")})
-    df = pd.DataFrame(rows)
-    first = df["step_s"].iloc[0]
-    df["ratio"] = df["step_s"] / first if first and math.isfinite(first) else float("nan")
-    return df[COMPARE_COLUMNS].astype({
-        "label": "string", "backend": "string", "simulated": "bool", "tiers": "string",
-        "step_s": "float64", "ratio": "float64", "stall_s": "float64", "exposed_copy_s": "float64",
-        "overlap": "float64", "bound_s": "float64", "vs_bound": "float64"})
+    wall = pd.to_numeric(_check_run(run).steps["wall_s"], errors="coerce").to_numpy(dtype="float64")
+    wall = wall[np.isfinite(wall) & (wall > 0)]
+    return float(wall.max() / wall.min()) if len(wall) >= 2 else float("nan")
+
+
+def is_noisy(run: Run, limit: float = NOISY_SPREAD) -> bool:
+    """Whether a measured run's step times disagree too much to trust its median.
+
+    The rule: a run that is not simulated, with at least two measured steps, whose slowest step
+    took more than ``limit`` (1.5) times its fastest. A busy machine (other processes on the same
+    cores) is the usual cause; simulated runs are never noisy.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> is_noisy(offload_lab.simulate(spec, plan, "h200", steps=3))
+    False
+    """
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 1:
+        raise AnalysisError(f"noise limit {limit!r} is not a ratio above 1; expected e.g. 1.5")
+    run = _check_run(run)
+    spread = step_spread(run)
+    return bool(not run.simulated and math.isfinite(spread) and spread > limit)
+
+
+def __getattr__(name: str) -> Any:
+    # compare() moved to analysis.comparison; old imports from here keep working
+    if name in ("compare", "COMPARE_COLUMNS"):
+        from offload_lab.analysis import comparison
+
+        return getattr(comparison, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -691,7 +691,9 @@ class Plan:
         return f"Plan({self.spec.name!r}, {self.summary()})"
 
     def _repr_html_(self) -> str:
-        return f"<p><code>{self!r}</code></p>" + self.table().to_html(index=False)
+        from html import escape  # a spec name can come from a directory name or a shared plan
+
+        return f"<p><code>{escape(repr(self))}</code></p>" + self.table().to_html(index=False, escape=True)
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -30,9 +30,20 @@ import numpy as np
 import pandas as pd
 
 from offload_lab.analysis import summary as analysis
+from offload_lab.analysis.comparison import compare
 from offload_lab.analysis.summary import as_runs
 from offload_lab.record.run import Run
 from offload_lab.units import format_bytes
+from offload_lab.views.tables import comparison_frame  # noqa: F401  (re-exported: older imports)
+from offload_lab.views.text import (
+    fmt_percent,
+    fmt_ratio,
+    fmt_seconds,
+    split_labels,
+    strip_simulated,
+    time_unit,
+    wrap,
+)
 
 if TYPE_CHECKING:  # plotly is imported lazily so that `import offload_lab.views.figures` stays cheap
     import plotly.graph_objects as go
@@ -84,10 +95,19 @@ def tier_color(tier: str) -> str:
     return TIER_COLORS.get(str(tier), TIER_COLORS["unknown"])
 
 
+def _lines(label: Any, width: int | None) -> str:
+    # wrap first, escape each line second: escaping first would count "&lt;" as four characters
+    # and could break an entity across lines; never cut, a cut hides what tells runs apart
+    text = str(label)
+    if width is None or len(text) <= width:
+        return esc(text)
+    return "<br>".join(esc(line) for line in wrap(text, width, sep="\n").split("\n"))
+
+
 def run_name(run: Run, limit: int | None = None) -> str:
     """A run's label as figures show it, with ``(simulated)`` for simulated runs (escaped).
 
-    ``limit`` shortens long labels (axis ticks) with an ellipsis; hovers show the full label.
+    ``limit`` wraps long labels onto lines of about that many characters (never cuts them).
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -97,15 +117,26 @@ def run_name(run: Run, limit: int | None = None) -> str:
     """
     label = run.label
     suffix = " (simulated)" if run.simulated and "simulated" not in label.lower() else ""
-    if limit is not None and len(label) + len(suffix) > limit:
-        keep = max(4, limit - len(suffix) - 1)
-        # a simulated label keeps its "(simulated)" even when cut
-        if run.simulated and not suffix and "simulated" not in label[:keep].lower():
-            suffix = " (simulated)"
-            keep = max(4, limit - len(suffix) - 1)
-        label = label[:keep] + "…"
-    # truncate first, escape second: cutting "&lt;" in half would show a broken entity
-    return esc(label) + suffix
+    return _lines(label + suffix, limit)
+
+
+def run_names(runs: Sequence[Run], width: int = 30) -> tuple[str, list[str]]:
+    """What all runs' labels share (escaped, for a title) and each run's own part (escaped, wrapped).
+
+    What tells runs apart comes first and is never cut; simulated runs say ``(simulated)`` once.
+    Equal names get ``#2``, ``#3`` so that a category axis keeps them apart.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> host = offload_lab.HostMemory(available="256GiB")
+    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), "h200", steps=1,
+    ...                              label=f"h200 · 480p tokens · {t}") for t in ("pinned", "pageable")]
+    >>> run_names(runs)
+    ('h200 · 480p tokens', ['pinned (simulated)', 'pageable (simulated)'])
+    """
+    common, own = split_labels([r.label for r in runs])
+    names = [_lines(o + (" (simulated)" if r.simulated else ""), width) for o, r in zip(own, runs)]
+    return esc(common), _unique(names)
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -118,10 +149,22 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def _short(label: str, limit: int = 60) -> str:
-    """Escaped label, cut to ``limit`` characters (before escaping, so no entity is split)."""
-    label = str(label)
-    return esc(label if len(label) <= limit else label[: limit - 1] + "…")
+def _short(label: Any, limit: int = 60) -> str:
+    """Escaped label for a title, wrapped onto lines of about ``limit`` characters."""
+    return _lines(label, limit)
+
+
+def _title_label(run: Run, limit: int = 60) -> str:
+    # the title's SIMULATED tag says it once; "(simulated)" in the label would say it twice
+    return _short(strip_simulated(run.label) if run.simulated else run.label, limit)
+
+
+def _device(run: Run) -> str:
+    """Where a run ran, once: ``h200`` for a simulation (the title says SIMULATED), ``x86_64 (cpu)``."""
+    name = str(run.meta.get("device_name") or "").replace("(simulated)", "").strip()
+    if run.simulated:
+        return esc(name or "simulator")
+    return esc(f"{name} ({run.backend})" if name and run.backend not in name else (name or run.backend))
 
 
 def _pattern(shape: str | list[str], size: int = 8) -> dict:
@@ -134,10 +177,23 @@ def _sim_tag(sim: bool) -> str:
     return ' · <span style="color:#b54708"><b>SIMULATED</b></span>' if sim else ""
 
 
+def _wrap_parts(text: str, width: int = 80) -> str:
+    """Break a `` · ``-separated line between parts so no line is much over ``width`` characters:
+    plotly never wraps titles itself, and a half-width figure in the report cuts them."""
+    lines, cur = [], ""
+    for part in text.split(" · "):
+        if cur and len(cur) + 3 + len(part) > width:
+            lines.append(cur + " ·")
+            cur = part
+        else:
+            cur = f"{cur} · {part}" if cur else part
+    return "<br>".join(lines + [cur])
+
+
 def _title(text: str, sub: str | None = None) -> dict:
     t: dict[str, Any] = {"text": text, "x": 0.01, "xanchor": "left", "font": {"size": 15}}
     if sub:
-        t["subtitle"] = {"text": sub, "font": {"size": 11, "color": "#555"}}
+        t["subtitle"] = {"text": _wrap_parts(sub), "font": {"size": 11, "color": "#555"}}
     return t
 
 
@@ -157,7 +213,9 @@ def _figure(traces: list[dict], title: dict, height: int, xaxis: dict | None = N
     go = _go()
     lay: dict[str, Any] = dict(
         template=_TEMPLATE, title=title, height=height,
-        margin=dict(l=60, r=24, t=80 if "subtitle" in title else 56, b=40),
+        margin=dict(l=60, r=24, b=40, t=56 + 14 * (str(title["text"]).count("<br>")
+                                                  + (str(title["subtitle"]["text"]).count("<br>") + 2
+                                                     if "subtitle" in title else 0))),
         # legends sit under the plot: titles and subtitles keep the top, long legends wrap below
         legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left",
                     x=0.0, font={"size": 11}),
@@ -182,77 +240,6 @@ def _is_plan(obj: Any) -> bool:
 def _gbps(nbytes: np.ndarray, dur: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(dur > 0, nbytes / np.where(dur > 0, dur, 1.0) / 1e9, np.nan)
-
-
-def fmt_seconds(x: float | None) -> str:
-    """Seconds in a readable unit, three significant digits.
-
-    >>> fmt_seconds(1.034), fmt_seconds(0.9999), fmt_seconds(0.0123), fmt_seconds(3.5e-5), fmt_seconds(0)
-    ('1.03 s', '1 s', '12.3 ms', '35 µs', '0 s')
-    """
-    if x is None or not math.isfinite(x):
-        return "–"
-    if x == 0:
-        return "0 s"
-    a = abs(x)
-    # compare after rounding to 3 digits, so 0.9999 s prints as "1 s", not "1e+03 ms"
-    if float(f"{a:.3g}") >= 1:
-        return f"{x:.3g} s"
-    if float(f"{a * 1e3:.3g}") >= 1:
-        return f"{x * 1e3:.3g} ms"
-    return f"{x * 1e6:.3g} µs"
-
-
-def fmt_ratio(q: float) -> str:
-    """``×1.84`` — two decimals below 10, three significant digits above.
-
-    >>> fmt_ratio(1.0), fmt_ratio(1.8449), fmt_ratio(468.2)
-    ('×1.00', '×1.84', '×468')
-    """
-    if q is None or not math.isfinite(q):
-        return "–"
-    return f"×{q:.2f}" if abs(q) < 10 else f"×{q:.3g}"
-
-
-def fmt_percent(share: float | None) -> str:
-    """A share (0..1) as a whole percentage.
-
-    >>> fmt_percent(0.153), fmt_percent(1.0), fmt_percent(float("nan"))
-    ('15 %', '100 %', '–')
-    """
-    if share is None or not math.isfinite(share):
-        return "–"
-    return f"{share * 100:.0f} %"
-
-
-def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
-    """:func:`analysis.compare` as text for reading: seconds, ratios and percentages formatted.
-
-    The one text table of runs: the command line prints it, the magic and PlanExplorer show it.
-    ``backend`` says ``(simulated)`` for simulated runs, so a prediction never reads as a
-    measurement even where its label does not say so.
-
-    >>> import offload_lab
-    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
-    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> df = comparison_frame([offload_lab.simulate(spec, p, "h200", steps=1)])
-    >>> list(df.columns)
-    ['run', 'backend', 'tiers', 'step', 'ratio', 'stall', 'exposed copy', 'overlap', 'vs bound']
-    >>> df["backend"][0]
-    'sim (simulated)'
-    """
-    df = analysis.compare(runs)
-    return pd.DataFrame({
-        "run": df["label"].astype(str),
-        "backend": [f"{b} (simulated)" if s else str(b) for b, s in zip(df["backend"], df["simulated"])],
-        "tiers": df["tiers"].astype(str),
-        "step": [fmt_seconds(x) for x in df["step_s"]],
-        "ratio": [fmt_ratio(x) for x in df["ratio"]],
-        "stall": [fmt_seconds(x) for x in df["stall_s"]],
-        "exposed copy": [fmt_seconds(x) for x in df["exposed_copy_s"]],
-        "overlap": [fmt_percent(x) for x in df["overlap"]],
-        "vs bound": [fmt_ratio(x) for x in df["vs_bound"]],
-    })
 
 
 def _byte_unit(largest: float) -> tuple[float, str]:
@@ -299,6 +286,27 @@ def _step_ranges(ev: pd.DataFrame) -> dict[int, tuple[float, float]]:
     return {int(k): (float(starts[k]), float(ends[k])) for k in ends.index}
 
 
+def _step_selector(ranges: dict[int, tuple[float, float]], t0: float, t1: float, scale: float,
+                   zoom: bool) -> tuple[list[float], list[dict], list[dict]]:
+    """The timeline's x range, step separators and a dropdown zooming to one step (or all)."""
+    def rng(a: float, b: float) -> list[float]:
+        pad = max((b - a) * 0.02, 1e-9)
+        return [(a - pad) * scale, (b + pad) * scale]
+
+    if not zoom or len(ranges) < 2:
+        return rng(t0, t1), [], []
+    # the selector zooms (relayout of the x range): the data is in the figure once
+    shapes = [dict(type="line", x0=a * scale, x1=a * scale, yref="paper", y0=0, y1=1,
+                   line=dict(color="#999", width=1, dash="dot")) for a, _b in ranges.values()]
+    buttons = [dict(label=f"step {s}", method="relayout", args=[{"xaxis.range": rng(*r)}])
+               for s, r in sorted(ranges.items())]
+    buttons.append(dict(label="all steps", method="relayout", args=[{"xaxis.range": rng(t0, t1)}]))
+    menus = [dict(type="dropdown", buttons=buttons, active=0, direction="down", showactive=True,
+                  x=1.0, xanchor="right", y=1.0, yanchor="bottom", pad={"t": 0, "b": 6},
+                  font={"size": 11})]
+    return rng(*ranges[min(ranges)]), shapes, menus
+
+
 def timeline(run: Run, step: int | None = None) -> go.Figure:
     """Per-layer intervals on one lane per stream (and per group where there are several).
 
@@ -321,16 +329,18 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
             raise VizError(f"step {step!r} was not measured in run {run.label!r}; "
                            f"accepted: one of {steps_measured} or None for all steps")
         ev = ev[ev["step"] == int(step)]
-    where = esc(run.meta.get("device_name") or run.backend)
     sub = (f"{esc(analysis.tier_summary(run.layers))} · median step {fmt_seconds(run.step_time)} · "
-           f"{len(steps_measured)} step(s) · {where} ({esc(run.backend)})")
-    title = _title(f"Timeline · {_short(run.label)}{_sim_tag(run.simulated)}", sub)
+           f"{len(steps_measured)} step(s) · {_device(run)}")
+    title = _title(f"Timeline · {_title_label(run)}{_sim_tag(run.simulated)}", sub)
     if not len(ev):
         return _empty(title, f"run {run.label!r} recorded no events", 220)
 
     ev = ev.reset_index(drop=True)
     lane, order = _lanes(ev)
     lane = lane.to_numpy(dtype=object)
+    # the axis reads in ms (or µs) when steps are short: no ticks like 0.002 s
+    ranges = _step_ranges(ev)
+    scale, unit = time_unit(max((b - a for a, b in ranges.values()), default=float("nan")))
     start = ev["start_s"].to_numpy(dtype="float64")
     dur = ev["dur_s"].to_numpy(dtype="float64")
     nbytes = ev["bytes"].to_numpy(dtype="float64")
@@ -356,8 +366,8 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
             # one horizontal bar per interval: base = start, length = duration (µs-rounded
             # seconds keep the JSON short without moving a bar by a visible amount)
             traces.append(dict(
-                type="bar", orientation="h", y=lane[idx], x=np.round(dur[idx], 9),
-                base=np.round(start[idx], 9), customdata=custom[idx], hovertemplate=hover, name=name,
+                type="bar", orientation="h", y=lane[idx], x=np.round(dur[idx] * scale, 9),
+                base=np.round(start[idx] * scale, 9), customdata=custom[idx], hovertemplate=hover, name=name,
                 legendgroup=legendgroup, width=0.72,
                 marker=dict(color=color, line=dict(width=0), **marker)))
 
@@ -370,28 +380,11 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     add((kind == "host_block").to_numpy(), "host blocked (staging copy)", HOST_BLOCK_COLOR, "host_block",
         pattern=_pattern("/", size=6))
 
-    ranges = _step_ranges(ev)
-    t0, t1 = float(start.min()), float(ev["end_s"].max())
-
-    def _rng(a: float, b: float) -> list[float]:
-        pad = max((b - a) * 0.02, 1e-9)
-        return [a - pad, b + pad]
-
-    xrange, shapes, menus = _rng(t0, t1), [], []
-    if step is None and len(ranges) > 1:
-        # the selector zooms (relayout of the x range): the data is in the figure once
-        shapes = [dict(type="line", x0=a, x1=a, yref="paper", y0=0, y1=1,
-                       line=dict(color="#999", width=1, dash="dot")) for a, _b in ranges.values()]
-        xrange = _rng(*ranges[min(ranges)])
-        buttons = [dict(label=f"step {s}", method="relayout", args=[{"xaxis.range": _rng(*r)}])
-                   for s, r in sorted(ranges.items())]
-        buttons.append(dict(label="all steps", method="relayout", args=[{"xaxis.range": _rng(t0, t1)}]))
-        menus = [dict(type="dropdown", buttons=buttons, active=0, direction="down", showactive=True,
-                      x=1.0, xanchor="right", y=1.0, yanchor="bottom", pad={"t": 0, "b": 6},
-                      font={"size": 11})]
+    xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
+                                           scale, step is None)
     return _figure(
         traces, title, int(min(170 + 44 * len(order), 480)),
-        xaxis=dict(title_text="time (s from run start)", range=xrange, zeroline=False),
+        xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),
         yaxis=dict(type="category", categoryorder="array", categoryarray=order[::-1], showgrid=False),
         barmode="overlay", bargap=0.2, shapes=shapes, updatemenus=menus)
 
@@ -411,8 +404,8 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     if isinstance(plan_or_run, Run):
         layers, sim = plan_or_run.layers, plan_or_run.simulated
         group_order = _group_order(plan_or_run)
-        name = _short(plan_or_run.label, 48)
-        sub = f"{esc(analysis.tier_summary(layers))} · run on {esc(plan_or_run.backend)}"
+        name = _title_label(plan_or_run, 48)
+        sub = f"{esc(analysis.tier_summary(layers))} · run on {_device(plan_or_run)}"
     elif _is_plan(plan_or_run):
         layers, sim = plan_or_run.layers, False
         spec = getattr(plan_or_run, "spec", None)
@@ -458,21 +451,7 @@ def tier_map(plan_or_run: Any) -> go.Figure:
             textfont=dict(color="white", size=10), customdata=custom[idx], hovertemplate=hover))
     step = max(1, int(math.ceil(len(lay) / 30)))
     ticks = pos[::step]
-    shapes, notes = [], []
-    if multi:
-        g = lay["group"].astype(str).to_numpy()
-        for name in groups:
-            where = np.flatnonzero(g == name)
-            lo, hi = int(where.min()), int(where.max())
-            # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
-            # label stays inside the plot instead of spilling past the y axis
-            first = lo == 0
-            notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
-                              y=1.0, xref="x", yref="paper", yanchor="bottom",
-                              text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
-            if lo > 0:
-                shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
-                                   line=dict(color="#666", width=1, dash="dash")))
+    shapes, notes = _group_marks(lay, groups) if multi else ([], [])
     return _figure(
         traces, title, 320,
         xaxis=dict(tickvals=ticks, ticktext=[str(v) for v in lay["layer"].to_numpy()[::step]],
@@ -482,6 +461,25 @@ def tier_map(plan_or_run: Any) -> go.Figure:
         yaxis=dict(title_text=f"{unit} per layer", rangemode="tozero"),
         barmode="overlay", bargap=0.15, shapes=shapes, annotations=notes,
         uniformtext=dict(minsize=8, mode="hide"))
+
+
+def _group_marks(lay: pd.DataFrame, groups: list[str]) -> tuple[list[dict], list[dict]]:
+    """Dashed lines between groups and each group's name above its span (tier map)."""
+    shapes, notes = [], []
+    g = lay["group"].astype(str).to_numpy()
+    for name in groups:
+        where = np.flatnonzero(g == name)
+        lo, hi = int(where.min()), int(where.max())
+        # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
+        # label stays inside the plot instead of spilling past the y axis
+        first = lo == 0
+        notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
+                          y=1.0, xref="x", yref="paper", yanchor="bottom",
+                          text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
+        if lo > 0:
+            shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
+                               line=dict(color="#666", width=1, dash="dash")))
+    return shapes, notes
 
 
 def _group_order(run: Run) -> list[str]:
@@ -515,29 +513,32 @@ def memory(run: Run) -> go.Figure:
     """
     run = _check_run(run)
     mem = run.memory.sort_values("t_s")
-    title = _title(f"Memory · {_short(run.label, 48)}{_sim_tag(run.simulated)}",
-                   f"{len(mem)} samples · {esc(run.backend)}")
+    title = _title(f"Memory · {_title_label(run, 48)}{_sim_tag(run.simulated)}",
+                   f"{len(mem)} samples · {_device(run)}")
     if not len(mem):
         return _empty(title, f"run {run.label!r} recorded no memory samples", 220)
     names = {"device_bytes": "device", "pinned_bytes": "pinned host",
              "anon_bytes": "anonymous host", "mapped_bytes": "mapped (file pages)"}
     t = mem["t_s"].to_numpy(dtype="float64")
     div, unit = _byte_unit(float(mem[list(names)].to_numpy().max()))
+    tk, tunit = time_unit(float(t.max()) if len(t) else float("nan"))
     traces = [dict(
-        type="scatter", x=np.round(t, 9), y=np.round(mem[col].to_numpy(dtype="float64") / div, 6),
+        type="scatter", x=np.round(t * tk, 9), y=np.round(mem[col].to_numpy(dtype="float64") / div, 6),
         name=label, mode="lines", line_shape="hv", line=dict(color=MEMORY_COLORS[col], width=2),
-        hovertemplate=f"{label}: %{{y:.4g}} {unit} at %{{x:.4g}} s<extra></extra>")
+        hovertemplate=f"{label}: %{{y:.4g}} {unit} at %{{x:.4g}} {tunit}<extra></extra>")
         for col, label in names.items()]
-    return _figure(traces, title, 300, xaxis=dict(title_text="time (s from run start)"),
+    return _figure(traces, title, 300, xaxis=dict(title_text=f"time ({tunit} from run start)"),
                    yaxis=dict(title_text=unit, rangemode="tozero"))
 
 
 # -- comparisons across runs ------------------------------------------------------------------
 def step_times(runs: Run | Sequence[Run]) -> go.Figure:
-    """Median step time per run, annotated with the ratio to the first run.
+    """Median step time per run, annotated with the ratio to the first comparable run.
 
     Bars take the colour of the run's main streamed tier; simulated runs are hatched and labelled
-    ``(simulated)``; whiskers span the fastest and slowest measured step.
+    ``(simulated)``; whiskers span the fastest and slowest measured step. Bar labels show what
+    tells runs apart; what all labels share is in the title. Ratios are only between runs of the
+    same model, token count and backend (:func:`offload_lab.analysis.comparison.compare`).
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -548,39 +549,46 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     ['pinned (simulated)', 'pageable (simulated)']
     """
     runs = as_runs(runs)
-    cmp = analysis.compare(runs)
+    cmp = compare(runs)
     # horizontal bars: long run labels read left of the bars instead of as rotated ticks
-    names = _unique([run_name(r, limit=42) for r in runs])
+    common, names = run_names(runs)
     full = [run_name(r) for r in runs]
     st = cmp["step_s"].to_numpy(dtype="float64")
     lo = np.array([float(r.steps["wall_s"].min()) if len(r.steps) else np.nan for r in runs])
     hi = np.array([float(r.steps["wall_s"].max()) if len(r.steps) else np.nan for r in runs])
+    k, unit = time_unit(np.nanmax(hi) if np.isfinite(hi).any() else np.nanmax(st) if np.isfinite(st).any() else 1.0)
     text = [f"{fmt_seconds(s)} · {fmt_ratio(q)}" if math.isfinite(q) else fmt_seconds(s)
             for s, q in zip(st, cmp["ratio"])]
     colors = [tier_color(analysis.dominant_tier(r.layers)) for r in runs]
     patterns = [SIM_PATTERN if r.simulated else "" for r in runs]
-    custom = np.column_stack([full, cmp["tiers"].map(esc), cmp["backend"].map(esc),
-                              [fmt_ratio(q) for q in cmp["ratio"]],
-                              ["simulated" if s else "measured" for s in cmp["simulated"]]]).astype(object)
+    versus = [f"{fmt_ratio(q)} of {esc(to)}" if math.isfinite(q) else esc(note)
+              for q, to, note in zip(cmp["ratio"], cmp["ratio_to"].fillna(""), cmp["ratio_note"].fillna(""))]
+    custom = np.column_stack([full, cmp["tiers"].map(esc), cmp["backend"].map(esc), versus,
+                              ["simulated" if s else "measured" for s in cmp["simulated"]],
+                              [fmt_seconds(x) for x in st]]).astype(object)
     bar = dict(
-        type="bar", orientation="h", y=names, x=st, text=text, textposition="outside", cliponaxis=False,
+        type="bar", orientation="h", y=names, x=st * k, text=text, textposition="outside", cliponaxis=False,
         marker=dict(color=colors, pattern=_pattern(patterns),
                     line=dict(width=0)),
-        error_x=dict(type="data", symmetric=False, array=np.nan_to_num(hi - st),
-                     arrayminus=np.nan_to_num(st - lo), color="#666", thickness=1, width=3),
+        error_x=dict(type="data", symmetric=False, array=np.nan_to_num(hi - st) * k,
+                     arrayminus=np.nan_to_num(st - lo) * k, color="#666", thickness=1, width=3),
         customdata=custom, name="median step",
-        hovertemplate=("<b>%{customdata[0]}</b><br>%{x:.4g} s per step (%{customdata[3]} of the first)"
+        hovertemplate=("<b>%{customdata[0]}</b><br>%{customdata[5]} per step (%{customdata[3]})"
                        "<br>%{customdata[1]}<br>%{customdata[2]} · %{customdata[4]}<extra></extra>"))
     sims = sum(r.simulated for r in runs)
     note = f"hatched = simulated ({sims} of {len(runs)})" if sims else "all measured"
-    xaxis: dict[str, Any] = dict(title_text="seconds per step", rangemode="tozero")
+    noisy = int(cmp["noisy"].sum())
+    if noisy:
+        note += f" · {noisy} noisy (slowest step > {analysis.NOISY_SPREAD:g}× fastest)"
+    xaxis: dict[str, Any] = dict(title_text=f"{unit} per step", rangemode="tozero")
     if np.isfinite(st).any():
         # room on the right for the "1.03 s · ×1.00" labels
-        xaxis["range"] = [0, float(np.nanmax(np.concatenate([st, hi]))) * 1.35]
+        xaxis["range"] = [0, float(np.nanmax(np.concatenate([st, hi]))) * k * 1.35]
+    head = "Step time" + (f" · {_short(common, 70)}" if common else "")
     return _figure(
-        [bar], _title(f"Step time · ratio to {_short(runs[0].label, 40)}",
-                      f"median per step, whiskers = fastest..slowest step · {note}"),
-        130 + 40 * len(runs), xaxis=xaxis,
+        [bar], _title(head, "median per step · whiskers: fastest..slowest step · ratio to the first run "
+                            f"of the same model, tokens and backend · {note}"),
+        130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names), xaxis=xaxis,
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
         showlegend=False, bargap=0.3)
 
@@ -596,7 +604,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
     ['pinned']
     """
     runs = as_runs(runs)
-    names = _unique([run_name(r, limit=42) for r in runs])
+    common, names = run_names(runs)
     per = []
     for name, r in zip(names, runs):
         bw = analysis.bandwidth_by_tier(r)
@@ -606,7 +614,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
         per.append(bw)
     df = pd.concat(per, ignore_index=True)
     sims = sum(r.simulated for r in runs)
-    title = _title("Copy bandwidth per tier",
+    title = _title("Copy bandwidth per tier" + (f" · {_short(common, 70)}" if common else ""),
                    "effective GB/s = bytes / copy time (1 GB = 1e9 B)"
                    + (f" · hatched = simulated ({sims} of {len(runs)})" if sims else ""))
     if not len(df):
@@ -709,5 +717,5 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
 
 
 __all__ = ["TIER_COLORS", "VizError", "bandwidth", "comparison_frame", "esc", "fmt_percent",
-           "fmt_ratio", "fmt_seconds", "memory", "run_name", "startup_peaks", "step_times",
+           "fmt_ratio", "fmt_seconds", "memory", "run_name", "run_names", "startup_peaks", "step_times",
            "tier_color", "tier_map", "timeline"]

@@ -1,0 +1,122 @@
+"""Runs side by side: one row per run, and ratios only between runs that can be compared.
+
+A ratio of step times says something only when the runs did the same work the same way: the
+same model (name and, where known, size — a scaled-down CPU model is another model), the same
+token count and the same backend (a simulation is not a measurement). Each run's ratio is to
+the first earlier run it is comparable with; a run with no comparable partner gets no ratio
+and a note saying why.
+
+>>> import offload_lab
+>>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+>>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+>>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+>>> list(compare([run]).columns)[:6]
+['label', 'backend', 'simulated', 'tiers', 'step_s', 'ratio']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from offload_lab.analysis.summary import as_runs, metrics
+from offload_lab.record.run import Run
+
+COMPARE_COLUMNS = ["label", "backend", "simulated", "tiers", "step_s", "ratio", "stall_s",
+                   "exposed_copy_s", "overlap", "bound_s", "vs_bound", "ratio_to", "ratio_note",
+                   "spread", "noisy"]
+_DTYPES = {"label": "string", "backend": "string", "simulated": "bool", "tiers": "string",
+           "step_s": "float64", "ratio": "float64", "stall_s": "float64", "exposed_copy_s": "float64",
+           "overlap": "float64", "bound_s": "float64", "vs_bound": "float64", "ratio_to": "string",
+           "ratio_note": "string", "spread": "float64", "noisy": "bool"}
+
+__all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable"]
+
+
+def _tokens(meta: dict[str, Any]) -> Any:
+    # simulations record tokens at the top of meta; GPU check runs under their own settings
+    gc = meta.get("gpu_check")
+    return meta.get("tokens") if meta.get("tokens") is not None or not isinstance(gc, dict) else gc.get("tokens")
+
+
+def _backend(run: Run) -> str:
+    # measured runs are comparable when measured on the same device, whichever recorder took them
+    # (the manager's cuda backend, or the observer watching another offload system on that GPU)
+    if run.simulated:
+        return "simulated"
+    return f"measured on {run.meta.get('device_name') or run.backend}"
+
+
+def why_not_comparable(a: Run, b: Run) -> str | None:
+    """Why the step times of ``a`` and ``b`` must not be divided (None when they may be).
+
+    Comparable runs share the model (name, and size where both know it), the token count, and
+    the backend: both simulated, or both measured on the same device.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> why_not_comparable(offload_lab.simulate(spec, plan, "h200", steps=1, tokens=1024),
+    ...                    offload_lab.simulate(spec, plan, "h200", steps=1, tokens=4096))
+    'tokens 1024 vs 4096'
+    """
+    pairs = (("model", a.meta.get("model"), b.meta.get("model")),
+             ("tokens", _tokens(a.meta), _tokens(b.meta)),
+             ("backend", _backend(a), _backend(b)))
+    for what, x, y in pairs:
+        if x != y:
+            return f"{what} {'unknown' if x is None else x} vs {'unknown' if y is None else y}"
+    x, y = a.meta.get("model_bytes"), b.meta.get("model_bytes")
+    if x is not None and y is not None and x != y:
+        return f"model size {x} B vs {y} B (a scaled model)"
+    return None
+
+
+def _ratios(runs: list[Run], step_s: list[float]) -> tuple[list[float], list[str | None], list[str]]:
+    """Per run: ratio to its reference, the reference's label, and a note where there is none."""
+    ratio, ref, note = [], [], []
+    for i, r in enumerate(runs):
+        j = next((k for k in range(i + 1) if why_not_comparable(runs[k], r) is None), i)
+        partners = j < i or any(why_not_comparable(r, o) is None for o in runs[i + 1:])
+        base = step_s[j]
+        if (partners or len(runs) == 1) and base and math.isfinite(base):
+            ratio.append(step_s[i] / base)
+            ref.append(runs[j].label)
+            note.append("")
+        else:
+            ratio.append(float("nan"))
+            ref.append(None)
+            why = why_not_comparable(runs[0], r) if i else why_not_comparable(r, runs[1])
+            note.append("no ratio: no other run of the same model, tokens and backend"
+                        + (f" ({why})" if why else ""))
+    return ratio, ref, note
+
+
+def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
+    """One row per run: ``label, backend, simulated, tiers, step_s, ratio``, then ``stall_s,
+    exposed_copy_s, overlap`` (medians per step), ``bound_s, vs_bound``, ``ratio_to`` (the label
+    of the run the ratio is to), ``ratio_note`` (why a ratio is blank), ``spread`` (slowest /
+    fastest step) and ``noisy`` (see :func:`offload_lab.analysis.summary.is_noisy`).
+
+    ``ratio`` is the step time over that of the first run of the same model, token count and
+    backend (see :func:`why_not_comparable`); NaN where no other run is comparable.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> host = offload_lab.HostMemory(available="256GiB")
+    >>> prof = offload_lab.DeviceProfile.load("h200")
+    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
+    ...         for t in ("pinned", "pageable")]
+    >>> df = compare(runs)
+    >>> list(df["label"]), float(df["ratio"].iloc[0])
+    (['pinned (simulated)', 'pageable (simulated)'], 1.0)
+    """
+    runs = as_runs(runs)
+    keep = ("label", "backend", "simulated", "tiers", "step_s", "stall_s", "exposed_copy_s", "overlap",
+            "bound_s", "vs_bound", "spread", "noisy")
+    df = pd.DataFrame([{k: m[k] for k in keep} for m in map(metrics, runs)])
+    df["ratio"], df["ratio_to"], df["ratio_note"] = _ratios(runs, df["step_s"].tolist())
+    return df[COMPARE_COLUMNS].astype(_DTYPES)

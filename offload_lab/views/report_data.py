@@ -1,0 +1,188 @@
+"""The values the report template shows, as plain text: no HTML is made here.
+
+The template (``templates/report.html.j2``) escapes every one of them; these functions only
+choose what to say and format numbers through :mod:`offload_lab.views.text`.
+
+>>> ledger_rows({"budget": 2**30, "fits": True})
+[{'key': 'pin budget', 'value': '1.00 GiB', 'cls': ''}, {'key': 'fits', 'value': 'yes', 'cls': 'ok'}]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from offload_lab.analysis import summary
+from offload_lab.record.run import Run
+from offload_lab.views.tables import noise_note
+from offload_lab.views.text import fmt_bytes, fmt_number, fmt_percent, fmt_ratio, fmt_seconds
+
+_LEDGER_NAMES = [("available", "host available"), ("reserve", "reserve (max(5 %, 2 GiB))"),
+                 ("spendable", "spendable"), ("budget", "pin budget"), ("pinned_bytes", "pinned"),
+                 ("net_anonymous_bytes", "net new anonymous")]
+
+__all__ = ["env_row", "ledger_rows", "param_items", "plan_data", "run_rows"]
+
+
+def _row(key: str, value: Any, cls: str = "") -> dict[str, str]:
+    return {"key": key, "value": str(value), "cls": cls}
+
+
+def _size(x: Any) -> str:
+    return fmt_bytes(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else \
+        ("–" if x is None else str(x))
+
+
+def ledger_rows(ledger: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Rows of a plan's budget ledger: sizes in binary units, ``fits`` as yes / NO.
+
+    >>> [r["value"] for r in ledger_rows({"spendable": 2**31, "headroom": 2**20, "fits": False})]
+    ['2.00 GiB', 'NO', '1.00 MiB']
+    """
+    rows = [_row(label, _size(ledger[k])) for k, label in _LEDGER_NAMES if k in ledger]
+    if "fits" in ledger:
+        rows.append(_row("fits", "yes", "ok") if ledger["fits"] else _row("fits", "NO", "bad"))
+    # every other number in the ledger is a byte count too (headroom, given_back, ...)
+    known = dict(_LEDGER_NAMES)
+    rows += [_row(k.replace("_", " "), _size(v)) for k, v in ledger.items() if k not in known and k != "fits"]
+    return rows
+
+
+def param_items(params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``[("pin budget", "24.00 GiB"), ("resident", "0"), ...]``: plan arguments as text.
+
+    >>> param_items({"pin_budget": 2**30, "order": ["a", "b"], "tier": None})
+    [('pin budget', '1.00 GiB'), ('order', 'a, b'), ('tier', '–')]
+    """
+    out = []
+    for k, v in params.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and ("budget" in k or "bytes" in k):
+            v = fmt_bytes(v)
+        elif isinstance(v, (list, tuple)):
+            v = ", ".join(map(str, v)) or "–"
+        out.append((k.replace("_", " "), "–" if v is None else str(v)))
+    return out
+
+
+def _profile_name(r: Run) -> str | None:
+    p = r.meta.get("profile")
+    return str(p.get("name")) if isinstance(p, dict) and p.get("name") else None
+
+
+def _facts(r: Run, m: dict[str, Any]) -> list[dict[str, str]]:
+    gb = ", ".join(f"{t} {v:.3g} GB/s" for t, v in m["gbps"].items()) or "no copies"
+    spread = fmt_number(m["spread"], ".2f")
+    return [
+        _row("backend", f"{r.backend} · {r.meta.get('device_name') or '–'}"),
+        _row("tiers", m["tiers"]),
+        _row("steps", f"{m['steps']} measured (warm-up dropped: {r.meta.get('warmup_dropped', 0)})"),
+        _row("median step", f"{fmt_seconds(m['step_s'])} (compute {fmt_seconds(m['compute_s'])}, "
+                            f"copy {fmt_seconds(m['copy_s'])})"),
+        _row("slowest / fastest step", f"×{spread}" + (" (noisy)" if m["noisy"] else ""),
+             "bad" if m["noisy"] else ""),
+        _row("stall / exposed copy", f"{fmt_seconds(m['stall_s'])} / {fmt_seconds(m['exposed_copy_s'])}"),
+        _row("overlap", f"{fmt_percent(m['overlap'])} of copy time under compute"),
+        _row("bytes per step", fmt_bytes(m["bytes_moved"])),
+        _row("copy bandwidth", gb),
+        _row("bound", f"{fmt_seconds(m['bound_s'])} ({m['bound']['limit']}-bound) · measured / bound "
+                      f"{fmt_number(m['vs_bound'], '.2f')}"),
+    ]
+
+
+def _bound_text(m: dict[str, Any]) -> str:
+    if not math.isfinite(m["vs_bound"]):
+        return ""
+    b = m["bound"]
+    return (f"{fmt_number(m['vs_bound'], '.2f')}× its {b['limit']}-bound of {fmt_seconds(b['bound_s'])} "
+            f"(link {fmt_number(b['bandwidth_gbps'])} GB/s, {b['bandwidth_source']})")
+
+
+def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run, everything the summary, the comparison table and the run's section say.
+
+    >>> import offload_lab
+    >>> from offload_lab.analysis.comparison import compare
+    >>> from offload_lab.analysis.summary import metrics
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> runs = [offload_lab.simulate(spec, plan, "h200", steps=2, label="a")]
+    >>> row = run_rows(runs, compare(runs), [metrics(r) for r in runs])[0]
+    >>> row["label"], row["reference"], row["noise"]
+    ('a (simulated)', True, '')
+    """
+    out = []
+    for i, (r, (_, c), m) in enumerate(zip(runs, comparison.iterrows(), metrics)):
+        ratio_ok = bool(not c["ratio_note"] and math.isfinite(c["ratio"]))
+        plan_meta = r.meta.get("plan") if isinstance(r.meta.get("plan"), dict) else {}
+        led = plan_meta.get("ledger") if isinstance(plan_meta.get("ledger"), dict) else None
+        noise = noise_note(r)
+        out.append({
+            "label": r.label, "simulated": r.simulated, "backend": str(c["backend"]), "tiers": str(c["tiers"]),
+            "step": fmt_seconds(c["step_s"]), "stall": fmt_seconds(c["stall_s"]),
+            "exposed": fmt_seconds(c["exposed_copy_s"]), "overlap": fmt_percent(c["overlap"]),
+            "bound": fmt_seconds(c["bound_s"]), "vs_bound": fmt_number(c["vs_bound"], ".2f"),
+            "ratio": fmt_ratio(c["ratio"]) if ratio_ok else "",
+            "ratio_to": str(c["ratio_to"]) if ratio_ok else "",
+            "reference": ratio_ok and c["ratio_to"] == r.label and all(x.label != r.label for x in runs[:i]),
+            "ratio_note": str(c["ratio_note"] or ""),
+            "note": "; ".join(x for x in (str(c["ratio_note"] or ""), noise and "noisy") if x),
+            "noise": noise or "", "bound_text": _bound_text(m), "profile": _profile_name(r),
+            "facts": _facts(r, m),
+            "plan_params": param_items({k: v for k, v in plan_meta.items() if k not in ("ledger", "warnings")}),
+            "plan_ledger": ledger_rows(led) if led else [],
+            "env": env_row(r),
+        })
+    return out
+
+
+def env_row(r: Run) -> list[str]:
+    """The environment table's cells for one run (after its label).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> env_row(offload_lab.simulate(spec, plan, "h200", steps=1))[:2]
+    ['sim', 'h200 (simulated)']
+    """
+    h = r.meta.get("host") if isinstance(r.meta.get("host"), dict) else {}
+    host = (f"available {_size(h.get('available'))} of {_size(h.get('total'))}"
+            + (f", cgroup {_size(h['cgroup_limit'])}" if h.get("cgroup_limit") else "")
+            + (f" ({h.get('source')})" if h.get("source") else "")) if h else "–"
+    return [str(r.backend), str(r.meta.get("device_name") or "–"), str(r.meta.get("torch_version") or "–"),
+            host, str(r.meta.get("created") or "–"), str(r.meta.get("model") or "–"),
+            str(r.meta.get("prefetch", "–")), str(r.meta.get("init_strategy") or "–")]
+
+
+def plan_data(p: Any, tier_color: Any) -> dict[str, Any]:
+    """The plan section: ledger rows, init order and prefetch, arguments, one row per layer.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> d = plan_data(p, lambda tier: "#000")
+    >>> len(d["layers"]) == len(p.layers), d["layers"][0]["tier"]
+    (True, 'pinned')
+    """
+    led = getattr(p, "ledger", {}) or {}
+    extra = []
+    order = getattr(p, "init_order", None)
+    if order:
+        extra.append(("init order", " → ".join(map(str, order))))
+    if getattr(p, "prefetch", None) is not None:
+        extra.append(("prefetch", str(p.prefetch)))
+    params = getattr(p, "params", None)
+    layers = []
+    for row in p.layers.itertuples(index=False):
+        rank = getattr(row, "pin_rank", None)
+        layers.append({"group": row.group, "layer": row.layer, "tier": row.tier,
+                       "color": tier_color(str(row.tier)), "bytes": fmt_bytes(int(row.bytes)),
+                       "rank": "–" if rank is None or pd.isna(rank) else int(rank),
+                       "reason": getattr(row, "reason", "")})
+    return {"ledger": ledger_rows(led), "extra": extra,
+            "params": param_items(params) if isinstance(params, Mapping) else [],
+            "layers": layers,
+            "summary": f"{summary.tier_summary(p.layers)} · pinned {fmt_bytes(led.get('pinned_bytes'))} "
+                       f"of budget {fmt_bytes(led.get('budget'))}"}
