@@ -164,8 +164,9 @@ for w in caught:
 # %% [markdown]
 # ## 4. A 32 GB and a 60 GB host
 #
-# The same planner on two hosts. For the 60 GB host we use what was available when the reported
-# plan was made: 43.39 GiB, leaving 41.22 GiB spendable. The reported plan pinned 34 of 50 main
+# The same planner on two hosts. The 60 GB host is one from a reported H3 offload run outside
+# this project (an RTX 5090 32 GB with a 60 GB host); we use what was available when its plan
+# was made: 43.39 GiB, leaving 41.22 GiB spendable. The reported plan pinned 34 of 50 main
 # blocks (40.88 GiB), and the per-layer grant reproduces it; the net-anonymous check then decides
 # which unpinned layers can afford a pageable copy and which stay mapped.
 

@@ -20,7 +20,8 @@
 # Offloading the blocks to host memory therefore moves the whole block stack **100 times per
 # video**. This notebook measures how much that is, how the planner places the blocks for a given
 # pin budget, what the simulator predicts on reference GPUs, what a real (scaled) run shows, and
-# what explains the reported **1.03 s vs 1.90 s per step**, all-pinned vs all-pageable.
+# what explains the reported **1.03 s vs 1.90 s per step**, all-pinned vs all-pageable (a figure
+# reported from a Wan2.1 offload run outside this project; it is not reproduced here).
 #
 # Shapes come from the public model code (catalog specs); weights cannot be downloaded here, so
 # measured runs use synthetic models with the same tensors, scaled down. Simulated runs are

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # runs are bundled into one tar: the device tool returns at most 8 files
+    # runs are bundled into one tar: one file is easier to copy back from a remote GPU machine
     runs_dir = Path(tempfile.mkdtemp(prefix="gpu_runs_"))
     t_start = time.perf_counter()
     runs: list = []
