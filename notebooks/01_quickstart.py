@@ -268,7 +268,7 @@ ex.figures["timeline"]
 # **3. Without a notebook: `scripts/gpu_check.py`.** From a checkout on the GPU machine:
 #
 # ```bash
-# PYTHONPATH=. python3 scripts/gpu_check.py --out DIR --stage smoke   # correctness only, about a minute
+# PYTHONPATH=. python3 scripts/gpu_check.py --out DIR --stage smoke   # correctness checks only
 # PYTHONPATH=. python3 scripts/gpu_check.py --out DIR                 # every measurement, under 8 minutes
 # ```
 #
