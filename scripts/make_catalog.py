@@ -1,30 +1,31 @@
-"""Write the shipped model catalog, ``data/models/*.json``, from the models' public code and configs.
+"""Write the shipped model catalog, ``data/models/*.json``, from the public model code.
 
 Run from the repository root after changing anything here, and commit the JSON it writes::
 
     .venv/bin/python scripts/make_catalog.py           # (re)write data/models/*.json
     .venv/bin/python scripts/make_catalog.py --check   # exit 1 if the committed JSON is stale
 
-Every tensor's name, shape and dtype follows the public Wan-Video/Wan2.1 ``wan/modules/model.py``
-+ ``wan/configs/*.py`` and the public MiniMax-H3 DiT config and model code. The script refuses
-to write a spec whose byte totals differ from the figures in ``EXPECTED`` below (the models'
-published parameter counts at 2 bytes per bf16 parameter) by a single byte.
+Every tensor's name, shape and dtype is read off the public model code: Wan-Video/Wan2.1's
+``wan/modules/model.py`` + ``wan/configs/*.py`` (github.com/Wan-Video/Wan2.1) and the public
+MiniMax-H3 DiT config and model code. The script refuses to write a spec whose byte totals
+differ from the totals in ``EXPECTED`` below (worked out by hand from those configs) by a
+single byte; ``tests/test_catalog.py`` checks the same totals.
 
-Choices made where the public sources leave room (also recorded in each JSON's ``meta``):
+Choices made where the model code leaves room (also recorded in each JSON's ``meta``):
 
 * Wan tensor names are those of the original ``WanModel`` state dict (not diffusers'): block
   tensors in ``nn.Module.named_parameters`` order, which lists a module's own parameters before
   its children's, so ``modulation`` comes first in a block and ``head.modulation`` before
   ``head.head``. ``norm1``/``norm2`` and ``head.norm`` are LayerNorms without affine
   parameters and so have no tensors; ``norm3`` is the affine LayerNorm before cross-attention.
-* Wan dtypes are all ``bfloat16``: the published byte counts are 2 bytes per parameter, which
+* Wan dtypes are all ``bfloat16``: the byte counts are 2 bytes per parameter, which
   is how the public inference code runs the DiT (diffusers would keep ``scale_shift_table`` and
   the affine norm in fp32; a spec of such a load can be taken with ``spec_of``).
 * Wan ``mapped``: every tensor. The original code loads each tensor by name with no re-layout
   (no fusing, no transposes), so each can be served as a view of the checkpoint file's pages.
 * I2V ``img_emb`` is ``MLPProj.proj`` = Sequential(LayerNorm(1280), Linear(1280, 1280), GELU,
   Linear(1280, d), LayerNorm(d)), hence indices 0, 1, 3, 4; the CLIP context is 257 tokens.
-* H3 group and block classes are not named by the public config, so ``block_class`` is left unset.
+* H3 group and block classes are not named in the public config, so ``block_class`` is left unset.
   Tensor names are the config's module names with the ``.weight`` suffix a torch module adds.
 * H3 ``mapped``: every tensor except each block's fused ``attn.qkv_proj.weight``, which is
   re-ordered at load time (50.53 GiB of 61.73 GiB are views).
@@ -49,17 +50,17 @@ BF16, FP32 = "bfloat16", "float32"
 
 WAN_SOURCE = (
     "Wan-Video/Wan2.1 wan/modules/model.py (WanModel, WanAttentionBlock, "
-    "WanI2VCrossAttention, Head, MLPProj) and wan/configs/{cfg}.py; byte totals checked "
-    "by scripts/make_catalog.py"
+    "WanI2VCrossAttention, Head, MLPProj) and wan/configs/{cfg}.py "
+    "(github.com/Wan-Video/Wan2.1); byte totals checked by tests/test_catalog.py"
 )
-H3_SOURCE = "public MiniMax-H3 DiT config and model code; byte totals checked by scripts/make_catalog.py"
+H3_SOURCE = "public MiniMax-H3 DiT config and model code; byte totals checked by tests/test_catalog.py"
 TOKENS = {"480p": 32760, "720p": 75600}
 TOKENS_NOTE = (
     "480p = 832x480, 81 frames -> latent 21x60x104 -> 32,760 tokens at patch 1x2x2; "
     "720p = 1280x720, 81 frames -> latent 21x90x160 -> 75,600 tokens"
 )
 
-# the published figures; the script fails rather than write anything else
+# expected figures, worked out from the public configs; the script fails rather than write anything else
 EXPECTED = {
     "wan2.1-t2v-1.3b": {"layer": {"blocks": 92_881_408}, "non_layer_params": 25_775_680,
                         "total": 2_837_993_600},
@@ -161,7 +162,7 @@ def wan_spec(name: str) -> ModelSpec:
         "dims": dims,
         "scale": 1.0,
         "source": WAN_SOURCE.format(cfg=cfg),
-        "dtype_note": "all tensors bfloat16 (2 bytes/parameter, as the published byte counts)",
+        "dtype_note": "all tensors bfloat16 (2 bytes/parameter, as the public inference code runs the DiT)",
         "mapped_note": (
             "every tensor is marked mapped: the original Wan loader takes each checkpoint "
             "tensor by name without re-layout, so each can stay a view of the file's pages"
@@ -267,7 +268,7 @@ def h3_spec() -> ModelSpec:
 
 # -- checks and output ------------------------------------------------------------------------------
 def build_all() -> dict[str, ModelSpec]:
-    """Every catalog spec, checked against the published totals."""
+    """Every catalog spec, checked against the expected totals."""
     specs = {name: wan_spec(name) for name in WAN_CONFIGS}
     specs["minimax-h3"] = h3_spec()
     for name, spec in specs.items():

@@ -1,4 +1,9 @@
-"""The shipped catalog matches the models' published byte counts exactly; FLOPs; packaging."""
+"""The shipped catalog matches the public model code byte for byte; FLOPs; packaging.
+
+The expected figures were worked out by hand from the public configs (Wan-Video/Wan2.1
+``wan/configs/*.py`` and ``wan/modules/model.py``; the MiniMax-H3 DiT config), independently of
+``scripts/make_catalog.py``, which writes the JSON.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The planner: every rule of DESIGN §4 has a test here that fails when the rule is removed."""
+"""The planner: every rule in docs/planner.md has a test here that fails when the rule is removed."""
 
 from __future__ import annotations
 
