@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.record.intervals import union_length as _union
+
 EVENT_COLUMNS = ["run", "step", "group", "layer", "kind", "stream", "tier", "bytes", "start_s", "end_s", "dur_s"]
 LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank",
                  "copy_s", "compute_s", "stall_s", "gbps"]
@@ -54,21 +56,6 @@ def _events_frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
     df = df.reindex(columns=EVENT_COLUMNS)
     df["dur_s"] = df["end_s"] - df["start_s"]
     return df.astype(_EVENT_DTYPES).reset_index(drop=True)
-
-
-def _union(s, e):
-    """Length of the union of intervals [s, e) (numpy arrays)."""
-    if len(s) == 0:
-        return 0.0
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    reach = np.maximum.accumulate(e)
-    brk = np.empty(len(s), dtype=bool)
-    brk[0] = True
-    brk[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(brk)
-    return float((np.maximum.reduceat(e, idx) - s[idx]).sum())
-
 
 
 def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
