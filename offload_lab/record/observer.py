@@ -92,10 +92,8 @@ runs do, so the two compare fairly); nothing else synchronizes.
 
 from __future__ import annotations
 
-import platform
-import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,8 +103,8 @@ import torch
 from torch import nn
 
 from offload_lab.model.spec import find_layer_groups
-from offload_lab.planning.hostmem import HostMemory, file_backed_checker, process_memory
-from offload_lab.record.run import Run
+from offload_lab.planning.hostmem import file_backed_checker
+from offload_lab.record.recorder import Recorder
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
 __all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
@@ -172,7 +170,7 @@ class _Layer:
         return f"{self.group}.{self.index}"
 
 
-class Observer:
+class Observer(Recorder):
     """Records a per-layer timeline of a model offloaded by someone else; changes nothing.
 
     Made by :func:`observe`; a context manager. Use :meth:`step` around each step (e.g. one
@@ -191,6 +189,9 @@ class Observer:
     >>> len(run.steps), run.meta["observed_system"], int(run.steps["bytes_moved"].sum())
     (1, 'nobody offloads', 0)
     """
+
+    _error = ObserveError
+    _context = "observe(...)"
 
     def __init__(self, model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
                  label: str | None = None, device: torch.device | str | None = None):
@@ -215,26 +216,20 @@ class Observer:
             raise ObserveError(f"device {str(device)!r} does not match backend {backend!r}")
         if backend == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        super().__init__()
         self.model, self.device, self.clock, self.label = model, device, backend, label
         self._layers = self._find_layers(model, groups)
         self._by_group: dict[str, list[_Layer]] = {}
         for lay in self._layers:
             self._by_group.setdefault(lay.group, []).append(lay)
-        self._backend: CpuBackend | CudaBackend | None = None
         self._hooks: list = []
         self._order: list[tuple[nn.Module, Any, Any, Any, Any]] = []
         self._uses: list[tuple[_Layer, _Use]] = []
-        self._bounds: list[dict] = []
-        self._memory: list[dict] = []
-        self._step: int | None = None
-        self._steps_done = 0
-        self._entered = False
         self._overhead = 0.0
         self._checker = None
         self._tier_cache: dict[tuple[int, int], str] = {}
         self._used = False
         self._pinned_seen: dict[int, int] = {}
-        self._meta: dict[str, Any] = {}
 
     # -- the layers ------------------------------------------------------------------------------
     @staticmethod
@@ -304,37 +299,34 @@ class Observer:
             on_dev = [self._full_on_device(s, p, m) for s, p, m in zip(lay.state, lay.params, lay.max_bytes)]
             lay.on_device_throughout = all(on_dev)
             lay.dev_bytes = sum(m for m, ok in zip(lay.max_bytes, on_dev) if ok)
+        model_name = str(getattr(self.model, "offload_spec_meta", {}).get("spec_name")
+                         or type(self.model).__name__)
         self._meta = {
-            "run": uuid.uuid4().hex[:12],
-            "backend": "observe",
-            "simulated": False,
+            **self._base_meta("observe", self.device, model_name),
             "clock": self.clock,
-            "device": str(self.device),
-            "device_name": self._backend.device_name(),
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "platform": platform.platform(),
-            "model": str(getattr(self.model, "offload_spec_meta", {}).get("spec_name")
-                         or type(self.model).__name__),
             "groups": list(self._by_group),
-            "host": HostMemory.probe().to_dict(),
             "lookahead": LOOKAHEAD,
         }
         if self.label is not None:
             self._meta["observed_system"] = self.label
         self._install()
 
-    def _restore(self) -> None:
+    def _restore_actions(self) -> list[Callable[[], None]]:
         """Remove every hook; leave the model exactly as the other system has it."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        self._order.clear()
-        for lay in self._layers:
-            lay.open.clear()
-        if self._entered:
-            _OBSERVED.discard(self.model)
-            self._entered = False
+        def unhook() -> None:
+            while self._hooks:
+                self._hooks[-1].remove()
+                self._hooks.pop()
+            self._order.clear()
+
+        def forget() -> None:
+            for lay in self._layers:
+                lay.open.clear()
+            if self._entered:
+                _OBSERVED.discard(self.model)
+                self._entered = False
+
+        return [unhook, forget]
 
     # -- snapshots -------------------------------------------------------------------------------
     @staticmethod
@@ -525,9 +517,6 @@ class Observer:
         return p0, p1, pc, p2, p3
 
     # -- steps -------------------------------------------------------------------------------------
-    def _current_step(self) -> int:
-        return self._step if self._step is not None else self._steps_done
-
     @contextmanager
     def step(self) -> Iterator[Observer]:
         """Mark one step (every forward inside it); nests nowhere.
@@ -540,42 +529,32 @@ class Observer:
         >>> int(obs.run.events["kind"].eq("compute").sum())
         2
         """
-        if not self._entered:
-            raise ObserveError("step() must be used inside `with observe(...)`")
-        if self._step is not None:
-            raise ObserveError("steps do not nest")
+        with super().step() as s:
+            yield s
+
+    def _before_step(self) -> None:
         self._keep_order()
         self._refresh_host_view()
-        self._step = self._steps_done
-        start = self._backend.begin_step()
+
+    def _step_opened(self) -> None:
         self._probe(None, None)
-        try:
-            yield self
-        finally:
-            self._probe(None, None, sample=True)
-            end = self._backend.end_step()
-            self._bounds.append({"step": self._step, "start": start, "end": end})
-            self._steps_done += 1
-            self._step = None
+
+    def _step_closing(self) -> None:
+        self._probe(None, None)
 
     # -- memory --------------------------------------------------------------------------------------
-    def _sample_memory(self) -> None:
-        pm = process_memory()
+    def _device_bytes(self) -> int:
         if self.clock == "cuda":
-            dev = torch.cuda.memory_allocated(self.device)
-        else:  # the CPU is the device: count the layer weights that are bound there now
-            dev = sum(lay.dev_bytes for lay in self._layers)
-        self._memory.append({
-            "t_s": self._host(),
-            "device_bytes": int(dev),
-            # what we saw the other system copy from pinned memory: a lower bound of its pins
-            "pinned_bytes": int(sum(self._pinned_seen.values())),
-            "anon_bytes": int(pm["anon_bytes"]),
-            "mapped_bytes": int(pm["file_bytes"]),
-        })
+            return torch.cuda.memory_allocated(self.device)
+        # the CPU is the device: count the layer weights that are bound there now
+        return sum(lay.dev_bytes for lay in self._layers)
+
+    def _pinned_bytes(self) -> int:
+        # what we saw the other system copy from pinned memory: a lower bound of its pins
+        return sum(self._pinned_seen.values())
 
     # -- the Run -------------------------------------------------------------------------------------
-    def _placement(self) -> tuple[pd.DataFrame, list[str]]:
+    def _layer_tiers(self) -> tuple[pd.DataFrame, list[str]]:
         rows, mixed = [], []
         for lay in self._layers:
             tb = lay.tier_bytes
@@ -598,20 +577,10 @@ class Observer:
                           "mapped_bytes": "int64", "streamed": "bool", "pin_rank": "Int64",
                           "reason": "string"}), mixed
 
-    def build_run(self, warmup: int = 0) -> Run:
-        """The Run recorded so far (markers resolved on the device clock).
-
-        ``warmup`` steps are dropped from the frames, as in :func:`offload_lab.profile`.
-        """
-        if self._backend is None:
-            raise ObserveError("nothing recorded yet: enter the observer first")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ObserveError(f"warmup {warmup!r} must be an integer ≥ 0")
-        self._backend.synchronize()
-        r = self._backend.resolve
+    def _events(self, r: Callable[[Any], float], warmup: int) -> list[dict]:
         for lay in self._layers:
             lay.tier_bytes, lay.max_mapped = {}, 0
-        events = []
+        events: list[dict] = []
         kept = {b["step"] for b in self._bounds[warmup:]}
         for lay, use in self._uses:
             entry = use.pc if (use.copied_in_forward and use.pc is not None) else use.p1
@@ -637,26 +606,26 @@ class Observer:
                                    "start_s": w0, "end_s": w1})
             events.append({**base, "kind": "compute", "stream": "compute", "tier": "", "bytes": 0,
                            "start_s": start, "end_s": end})
-        plan_layers, mixed = self._placement()
+        return events
+
+    def _placement(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        from offload_lab.analysis.summary import tier_summary
+
+        plan_layers, mixed = self._layer_tiers()
+        return plan_layers, {
+            "mixed_tier_layers": mixed,
+            "unused_copies": int(sum(len(lay.pending) for lay in self._layers)),
+            "observer_overhead_s": float(self._overhead),
+            "label": self.label or f"observed: {tier_summary(plan_layers)}",
+        }
+
+    def _finish_events(self, events: list[dict], plan_layers: pd.DataFrame) -> None:
+        # compute and wait rows take the tier the layer's placement settled on
         tier_of = {(g, int(i)): t for g, i, t in zip(plan_layers["group"], plan_layers["layer"],
                                                       plan_layers["tier"])}
         for e in events:
             if e["tier"] == "":
                 e["tier"] = tier_of[(e["group"], e["layer"])]
-        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in self._bounds]
-        meta = dict(self._meta)
-        meta["mixed_tier_layers"] = mixed
-        meta["unused_copies"] = int(sum(len(lay.pending) for lay in self._layers))
-        meta["observer_overhead_s"] = float(self._overhead)
-        from offload_lab.analysis.summary import tier_summary
-
-        meta["label"] = self.label or f"observed: {tier_summary(plan_layers)}"
-        return Run.build(events, bounds, plan_layers, self._memory, meta, warmup=warmup)
-
-    @property
-    def run(self) -> Run:
-        """:meth:`build_run` with no warm-up dropped."""
-        return self.build_run()
 
 
 def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
