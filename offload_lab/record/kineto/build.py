@@ -107,15 +107,8 @@ def _by_lane(spans: list[tuple]) -> dict[int, list]:
 
 
 
-def _build(c: _Collected, reader: _Reader, source: str, label: str, patterns: list[re.Pattern],
-           default_patterns: bool) -> Run:
-    name = source
-    if c.t0 == float("inf"):
-        raise TraceFormatError(f"{name}: the trace has no complete ('ph': 'X') events with a duration "
-                               f"({reader.n_events} events read)")
-    t0 = c.t0
-
-    # -- layers: which spans define them ---------------------------------------------------
+def _layer_spans(c: _Collected, default_patterns: bool) -> tuple[str, list, list]:
+    """Which spans define the layers: ``(layer_source, cpu spans, gpu spans)``."""
     layer_source = "labels" if default_patterns else "layer_pattern"
     cpu_spans, gpu_spans = c.cpu_spans, c.gpu_spans
     if default_patterns and not cpu_spans and not gpu_spans and c.module_spans:
@@ -125,226 +118,269 @@ def _build(c: _Collected, reader: _Reader, source: str, label: str, patterns: li
         repeated = {k for k, v in per_class.items() if len(v) >= 2}
         cpu_spans = _outermost([s for s in c.module_spans if s[3][0] in repeated])
         layer_source = "nn.Module"
-    layer_ids: dict[tuple[str, int], int] = {}
-    for s in (*gpu_spans, *cpu_spans):
-        layer_ids.setdefault(s[3], len(layer_ids))
-    if not layer_ids:
+    if not cpu_spans and not gpu_spans:
         layer_source = "none"
-    keys = list(layer_ids)
-    n_gpu = len(gpu_spans)
-    gpu_seg = _Segments([(s[0], s[1], s[2], layer_ids[s[3]], i) for i, s in enumerate(gpu_spans)])
-    cpu_seg = _Segments([(s[0], s[1], s[2], layer_ids[s[3]], n_gpu + i) for i, s in enumerate(cpu_spans)])
+    return layer_source, cpu_spans, gpu_spans
 
-    # -- launches: correlation id -> CPU time and thread -----------------------------------
-    r_corr = np.frombuffer(c.r_corr, dtype=np.int64) if len(c.r_corr) else np.zeros(0, np.int64)
-    r_ts = np.frombuffer(c.r_ts, dtype=np.float64) if len(c.r_ts) else np.zeros(0)
-    r_lane = np.frombuffer(c.r_lane, dtype=np.int32) if len(c.r_lane) else np.zeros(0, np.int32)
-    order = np.argsort(r_corr, kind="stable")
-    r_corr_s = r_corr[order]
 
-    def launches(corr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _array(buf: Any, dtype: Any) -> np.ndarray:
+    return np.frombuffer(buf, dtype=dtype) if len(buf) else np.zeros(0, dtype)
+
+
+class _Trace:
+    """What attribution needs: layer ids, span segments, launches by correlation id, step spans."""
+
+    def __init__(self, c: _Collected, cpu_spans: list, gpu_spans: list):
+        self.t0 = c.t0
+        self.layer_ids: dict[tuple[str, int], int] = {}
+        for s in (*gpu_spans, *cpu_spans):
+            self.layer_ids.setdefault(s[3], len(self.layer_ids))
+        self.keys = list(self.layer_ids)
+        ids, n_gpu = self.layer_ids, len(gpu_spans)
+        self.gpu_seg = _Segments([(s[0], s[1], s[2], ids[s[3]], i) for i, s in enumerate(gpu_spans)])
+        self.cpu_seg = _Segments([(s[0], s[1], s[2], ids[s[3]], n_gpu + i) for i, s in enumerate(cpu_spans)])
+        self.r_corr = _array(c.r_corr, np.int64)
+        self.r_ts = _array(c.r_ts, np.float64)
+        self.r_lane = _array(c.r_lane, np.int32)
+        self.order = np.argsort(self.r_corr, kind="stable")
+        self.r_corr_s = self.r_corr[self.order]
+        self.step_ids = sorted(c.steps)
+        if self.step_ids:
+            sspans = sorted((c.steps[k][0], c.steps[k][1], k) for k in self.step_ids)
+            self.s_start = np.array([s[0] for s in sspans])
+            self.s_end = np.array([s[1] for s in sspans])
+            self.s_num = np.array([s[2] for s in sspans], dtype=np.int64)
+        else:
+            self.s_start, self.s_end = np.array([c.t0]), np.array([c.t1])
+            self.s_num = np.array([0], dtype=np.int64)
+
+    def launches(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(found, cpu ts, cpu lane) of the runtime call with each correlation id."""
-        if not len(r_corr_s) or not len(corr):
+        if not len(self.r_corr_s) or not len(corr):
             return np.zeros(len(corr), bool), np.zeros(len(corr)), np.full(len(corr), -1, np.int32)
-        i = np.minimum(np.searchsorted(r_corr_s, corr), len(r_corr_s) - 1)
-        found = (r_corr_s[i] == corr) & (corr >= 0)
-        j = order[i]
-        return found, np.where(found, r_ts[j], np.nan), np.where(found, r_lane[j], -1)
+        i = np.minimum(np.searchsorted(self.r_corr_s, corr), len(self.r_corr_s) - 1)
+        found = (self.r_corr_s[i] == corr) & (corr >= 0)
+        j = self.order[i]
+        return found, np.where(found, self.r_ts[j], np.nan), np.where(found, self.r_lane[j], -1)
 
-    def attribute(lane: np.ndarray, ts: np.ndarray, corr: np.ndarray):
+    def attribute(self, lane: np.ndarray, ts: np.ndarray, corr: np.ndarray):
         """(layer id, use id, found launch, launch ts) for GPU rows."""
         n = len(ts)
         layer = np.full(n, -1, np.int64)
         root = np.full(n, -1, np.int64)
-        gpu_seg.lookup(lane, ts, layer, root, np.ones(n, bool))
-        found, lts, llane = launches(corr)
-        cpu_seg.lookup(llane, lts, layer, root, (layer < 0) & found)
+        self.gpu_seg.lookup(lane, ts, layer, root, np.ones(n, bool))
+        found, lts, llane = self.launches(corr)
+        self.cpu_seg.lookup(llane, lts, layer, root, (layer < 0) & found)
         return layer, root, found, lts
 
-    # -- steps -----------------------------------------------------------------------------
-    step_ids = sorted(c.steps)
-    if step_ids:
-        sspans = sorted((c.steps[k][0], c.steps[k][1], k) for k in step_ids)
-        s_start = np.array([s[0] for s in sspans])
-        s_end = np.array([s[1] for s in sspans])
-        s_num = np.array([s[2] for s in sspans], dtype=np.int64)
-    else:
-        s_start, s_end, s_num = np.array([t0]), np.array([c.t1]), np.array([0], dtype=np.int64)
-
-    def step_of(t: np.ndarray) -> np.ndarray:
+    def step_of(self, t: np.ndarray) -> np.ndarray:
         """Step number for each time, -1 outside; a gap between steps belongs to the earlier one."""
-        i = np.searchsorted(s_start, t, side="right") - 1
+        if not self.step_ids:
+            return np.zeros(len(t), np.int64)
+        i = np.searchsorted(self.s_start, t, side="right") - 1
         ok = i >= 0
-        last = len(s_start) - 1
-        ok[ok] &= (i[ok] < last) | (t[ok] < s_end[np.minimum(i[ok], last)])
-        if not step_ids:
-            ok = np.ones(len(t), bool)
-            i = np.zeros(len(t), np.int64)
-        return np.where(ok, s_num[np.clip(i, 0, last)], -1)
+        last = len(self.s_start) - 1
+        ok[ok] &= (i[ok] < last) | (t[ok] < self.s_end[np.minimum(i[ok], last)])
+        return np.where(ok, self.s_num[np.clip(i, 0, last)], -1)
 
-    # -- kernels -> compute ----------------------------------------------------------------
-    k_ts = np.frombuffer(c.k_ts, dtype=np.float64) if len(c.k_ts) else np.zeros(0)
-    k_dur = np.frombuffer(c.k_dur, dtype=np.float64) if len(c.k_dur) else np.zeros(0)
-    k_lane = np.frombuffer(c.k_lane, dtype=np.int32) if len(c.k_lane) else np.zeros(0, np.int32)
-    k_corr = np.frombuffer(c.k_corr, dtype=np.int64) if len(c.k_corr) else np.zeros(0, np.int64)
-    frames = []
+
+def _compute(tr: _Trace, c: _Collected, cpu_spans: list) -> tuple[pd.DataFrame, str]:
+    """Kernels -> one compute row per layer use and stream; without kernels, CPU annotations."""
+    k_ts, k_dur = _array(c.k_ts, np.float64), _array(c.k_dur, np.float64)
+    k_lane, k_corr = _array(c.k_lane, np.int32), _array(c.k_corr, np.int64)
     if len(k_ts):
-        compute_source = "kernels"
-        layer, root, found, lts = attribute(k_lane, k_ts, k_corr)
-        step = step_of(np.where(found, lts, k_ts))
+        layer, root, found, lts = tr.attribute(k_lane, k_ts, k_corr)
+        step = tr.step_of(np.where(found, lts, k_ts))
         kdf = pd.DataFrame({"step": step, "layer_id": layer, "root": root, "lane": k_lane,
                             "start": k_ts, "end": k_ts + k_dur})
         inside = kdf["layer_id"] >= 0
         uses = (kdf[inside].groupby(["root", "lane", "step", "layer_id"], sort=False)
                 .agg(start=("start", "min"), end=("end", "max")).reset_index())
-        frames.append(uses[["step", "layer_id", "lane", "start", "end"]])
-        frames.append(kdf.loc[~inside, ["step", "layer_id", "lane", "start", "end"]])
-        compute = pd.concat(frames, ignore_index=True)
+        cols = ["step", "layer_id", "lane", "start", "end"]
+        compute = pd.concat([uses[cols], kdf.loc[~inside, cols]], ignore_index=True)
+        source = "kernels"
     else:
-        spans = _outermost([(s[0], s[1], s[2], layer_ids[s[3]]) for s in cpu_spans])
-        compute_source = "cpu_annotations" if spans else "none"
+        spans = _outermost([(s[0], s[1], s[2], tr.layer_ids[s[3]]) for s in cpu_spans])
+        source = "cpu_annotations" if spans else "none"
         compute = pd.DataFrame({
             "layer_id": np.array([s[3] for s in spans], dtype=np.int64),
             "lane": np.array([s[0] for s in spans], dtype=np.int64),
             "start": np.array([s[1] for s in spans], dtype=np.float64),
             "end": np.array([s[2] for s in spans], dtype=np.float64)})
-        compute.insert(0, "step", step_of(compute["start"].to_numpy()))
+        compute.insert(0, "step", tr.step_of(compute["start"].to_numpy()))
     compute["bytes"] = 0
+    return compute, source
 
-    # -- copies ----------------------------------------------------------------------------
+
+def _copies(tr: _Trace, c: _Collected, compute: pd.DataFrame) -> dict[str, np.ndarray]:
+    """HtoD copies, each labelled with the step that uses it: its layer's first compute ending after it."""
     cp = c.copies
-    cp_ts = np.array([x[0] for x in cp], dtype=np.float64)
-    cp_end = cp_ts + np.array([x[1] for x in cp], dtype=np.float64)
-    cp_lane = np.array([x[2] for x in cp], dtype=np.int64)
-    cp_corr = np.array([x[3] for x in cp], dtype=np.int64)
-    cp_bytes = np.array([x[4] for x in cp], dtype=np.int64)
-    cp_tier = np.array([x[5] for x in cp], dtype=object)
-    cp_layer, _, cp_found, cp_lts = attribute(cp_lane, cp_ts, cp_corr)
-    cp_step = step_of(np.where(cp_found, cp_lts, cp_ts))
-    # label an attributed copy with the step that uses it: that layer's first compute ending after it
+    out = {
+        "start": np.array([x[0] for x in cp], dtype=np.float64),
+        "lane": np.array([x[2] for x in cp], dtype=np.int64),
+        "corr": np.array([x[3] for x in cp], dtype=np.int64),
+        "bytes": np.array([x[4] for x in cp], dtype=np.int64),
+        "tier": np.array([x[5] for x in cp], dtype=object),
+    }
+    out["end"] = out["start"] + np.array([x[1] for x in cp], dtype=np.float64)
+    layer, _, found, lts = tr.attribute(out["lane"], out["start"], out["corr"])
+    step = tr.step_of(np.where(found, lts, out["start"]))
     comp_in = compute[compute["layer_id"] >= 0]
     for lid, g in comp_in.groupby("layer_id"):
-        sel = np.flatnonzero(cp_layer == lid)
+        sel = np.flatnonzero(layer == lid)
         if not len(sel):
             continue
         g = g.sort_values("end")
         ends, steps = g["end"].to_numpy(), g["step"].to_numpy()
-        i = np.searchsorted(ends, cp_end[sel], side="left")
+        i = np.searchsorted(ends, out["end"][sel], side="left")
         ok = i < len(ends)
-        cp_step[sel[ok]] = steps[i[ok]]
+        step[sel[ok]] = steps[i[ok]]
         # no later use in the trace: a prefetch for a step that was not recorded (dropped)
-        cp_step[sel[~ok]] = _NO_USE
+        step[sel[~ok]] = _NO_USE
+    out["layer"], out["step"] = layer, step
+    return out
 
-    # -- host blocks -----------------------------------------------------------------------
-    copy_by_corr = {x[3]: k for k, x in enumerate(cp) if x[3] >= 0}
-    hb = []  # (step, layer_id, lane, start, end, tier, bytes)
-    hb_sync_unmatched = []
+
+def _host_blocks(tr: _Trace, c: _Collected, cp: dict[str, np.ndarray]) -> list[tuple]:
+    """Host-side memcpy calls that blocked the thread: ``(step, layer_id, lane, start, end, tier, bytes)``."""
+    copy_by_corr = {int(x): k for k, x in enumerate(cp["corr"]) if x >= 0}
+    hb, unmatched = [], []
     for nm, ts, dur, lane, corr in c.memcpy_calls:
         k = copy_by_corr.get(corr)
         sync = "Async" not in nm
         if k is not None:
-            if cp_tier[k] == "pageable" or sync:
-                hb.append((int(cp_step[k]), int(cp_layer[k]), lane, ts, ts + dur, cp_tier[k], int(cp_bytes[k])))
+            if cp["tier"][k] == "pageable" or sync:
+                hb.append((int(cp["step"][k]), int(cp["layer"][k]), lane, ts, ts + dur, cp["tier"][k],
+                           int(cp["bytes"][k])))
         elif sync:
-            hb_sync_unmatched.append((lane, ts, ts + dur))
-    if hb_sync_unmatched:  # a blocking copy whose device side is not in the trace: tier unknown
-        lanes = np.array([x[0] for x in hb_sync_unmatched], dtype=np.int64)
-        ts_ = np.array([x[1] for x in hb_sync_unmatched])
+            unmatched.append((lane, ts, ts + dur))
+    if unmatched:  # a blocking copy whose device side is not in the trace: tier unknown
+        lanes = np.array([x[0] for x in unmatched], dtype=np.int64)
+        ts_ = np.array([x[1] for x in unmatched])
         lay = np.full(len(ts_), -1, np.int64)
-        cpu_seg.lookup(lanes, ts_, lay, np.full(len(ts_), -1, np.int64), np.ones(len(ts_), bool))
-        st = step_of(ts_)
-        for j, (lane, s, e) in enumerate(hb_sync_unmatched):
+        tr.cpu_seg.lookup(lanes, ts_, lay, np.full(len(ts_), -1, np.int64), np.ones(len(ts_), bool))
+        st = tr.step_of(ts_)
+        for j, (lane, s, e) in enumerate(unmatched):
             hb.append((int(st[j]), int(lay[j]), lane, s, e, "unknown", 0))
+    return hb
 
-    # -- placement per observed layer ------------------------------------------------------
-    n_layers = len(keys)
+
+def _placement(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray]) -> tuple[pd.DataFrame, list, list]:
+    """Per observed layer: tier from its copies, bytes, streamed. Returns (frame, tiers by id, mixed)."""
+    keys, n_layers = tr.keys, len(tr.keys)
+    comp_in = compute[compute["layer_id"] >= 0]
     comp_steps: list[set[int]] = [set() for _ in range(n_layers)]
     for lid, st in zip(comp_in["layer_id"].to_numpy(), comp_in["step"].to_numpy()):
         if st >= 0:
             comp_steps[lid].add(int(st))
     tier_bytes: list[dict[str, int]] = [{} for _ in range(n_layers)]
     step_bytes: list[dict[int, int]] = [{} for _ in range(n_layers)]
-    for k in np.flatnonzero((cp_layer >= 0) & (cp_step >= 0)):
-        lid, t, b, st = int(cp_layer[k]), cp_tier[k], int(cp_bytes[k]), int(cp_step[k])
+    for k in np.flatnonzero((cp["layer"] >= 0) & (cp["step"] >= 0)):
+        lid, t, b, st = int(cp["layer"][k]), cp["tier"][k], int(cp["bytes"][k]), int(cp["step"][k])
         tier_bytes[lid][t] = tier_bytes[lid].get(t, 0) + b
         step_bytes[lid][st] = step_bytes[lid].get(st, 0) + b
     tiers, mixed = [], []
+    # most bytes wins; ties go to the slower tier so a mix never looks better than it was
+    rank = {"pageable": 2, "unknown": 1, "pinned": 0}
     for lid, (g, i) in enumerate(keys):
         tb = tier_bytes[lid]
-        if not tb:
-            tiers.append("unknown")
-            continue
-        # most bytes wins; ties go to the slower tier so a mix never looks better than it was
-        rank = {"pageable": 2, "unknown": 1, "pinned": 0}
-        tiers.append(max(tb, key=lambda t: (tb[t], rank.get(t, 1))))
+        tiers.append(max(tb, key=lambda t: (tb[t], rank.get(t, 1))) if tb else "unknown")
         if len(tb) > 1:
             mixed.append(f"{g}.{i}")
-    order_keys = sorted(range(n_layers), key=lambda lid: (_first_seen(keys, lid), keys[lid][1]))
+    order = sorted(range(n_layers), key=lambda lid: (_first_seen(keys, lid), keys[lid][1]))
     plan_layers = pd.DataFrame({
-        "group": pd.array([keys[lid][0] for lid in order_keys], dtype="string"),
-        "layer": np.array([keys[lid][1] for lid in order_keys], dtype=np.int64),
-        "tier": pd.array([tiers[lid] for lid in order_keys], dtype="string"),
-        "bytes": np.array([max(step_bytes[lid].values(), default=0) for lid in order_keys], dtype=np.int64),
+        "group": pd.array([keys[lid][0] for lid in order], dtype="string"),
+        "layer": np.array([keys[lid][1] for lid in order], dtype=np.int64),
+        "tier": pd.array([tiers[lid] for lid in order], dtype="string"),
+        "bytes": np.array([max(step_bytes[lid].values(), default=0) for lid in order], dtype=np.int64),
         "mapped_bytes": np.zeros(n_layers, dtype=np.int64),
         "streamed": np.array([bool(step_bytes[lid]) and comp_steps[lid] <= set(step_bytes[lid])
-                              for lid in order_keys], dtype=bool),
+                              for lid in order], dtype=bool),
         "pin_rank": pd.array([pd.NA] * n_layers, dtype="Int64"),
     })
+    return plan_layers, tiers, mixed
 
-    # -- the events frame ------------------------------------------------------------------
+
+def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: list[tuple], tiers: list,
+            run_id: str) -> tuple[pd.DataFrame, dict[str, int], dict[str, int]]:
+    """The events frame, and the rows dropped outside every step / without a later use."""
     layer_tier = np.array([*tiers, "unknown"], dtype=object)   # index -1 -> "unknown"
-    group_of = np.array([*(k[0] for k in keys), NO_GROUP], dtype=object)
-    index_of = np.array([*(k[1] for k in keys), NO_LAYER], dtype=np.int64)
-    n_comp = len(compute)
-    parts = {
-        "step": [compute["step"].to_numpy(np.int64), cp_step,
-                 np.array([h[0] for h in hb], dtype=np.int64)],
-        "layer_id": [compute["layer_id"].to_numpy(np.int64), cp_layer,
-                     np.array([h[1] for h in hb], dtype=np.int64)],
-        "kind": [np.full(n_comp, "compute", object), np.full(len(cp), "copy", object),
-                 np.full(len(hb), "host_block", object)],
-        "stream": [np.full(n_comp, "compute", object), np.full(len(cp), "copy", object),
-                   np.full(len(hb), "host", object)],
-        "tier": [layer_tier[compute["layer_id"].to_numpy(np.int64)], cp_tier,
-                 np.array([h[5] for h in hb], dtype=object)],
-        "bytes": [np.zeros(n_comp, np.int64), cp_bytes, np.array([h[6] for h in hb], dtype=np.int64)],
-        "start": [compute["start"].to_numpy(np.float64), cp_ts, np.array([h[3] for h in hb], dtype=np.float64)],
-        "end": [compute["end"].to_numpy(np.float64), cp_end, np.array([h[4] for h in hb], dtype=np.float64)],
+    group_of = np.array([*(k[0] for k in tr.keys), NO_GROUP], dtype=object)
+    index_of = np.array([*(k[1] for k in tr.keys), NO_LAYER], dtype=np.int64)
+    n_comp, n_cp, n_hb = len(compute), len(cp["start"]), len(hb)
+    comp_lid = compute["layer_id"].to_numpy(np.int64)
+    col = {
+        "step": np.concatenate([compute["step"].to_numpy(np.int64), cp["step"],
+                                np.array([h[0] for h in hb], dtype=np.int64)]),
+        "layer_id": np.concatenate([comp_lid, cp["layer"], np.array([h[1] for h in hb], dtype=np.int64)]),
+        "kind": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host_block"] * n_hb, dtype=object),
+        "stream": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host"] * n_hb, dtype=object),
+        "tier": np.concatenate([layer_tier[comp_lid], cp["tier"], np.array([h[5] for h in hb], dtype=object)]),
+        "bytes": np.concatenate([np.zeros(n_comp, np.int64), cp["bytes"],
+                                 np.array([h[6] for h in hb], dtype=np.int64)]),
+        "start": np.concatenate([compute["start"].to_numpy(np.float64), cp["start"],
+                                 np.array([h[3] for h in hb], dtype=np.float64)]),
+        "end": np.concatenate([compute["end"].to_numpy(np.float64), cp["end"],
+                               np.array([h[4] for h in hb], dtype=np.float64)]),
     }
-    col = {k: np.concatenate(v) for k, v in parts.items()}
-    keep = col["step"] >= 0
-    outside = {"compute": int((col["step"][:n_comp] == -1).sum()),
-               "copy": int((col["step"][n_comp:n_comp + len(cp)] == -1).sum()),
-               "host_block": int((col["step"][n_comp + len(cp):] == -1).sum())}
-    unused = {"copy": int((col["step"][n_comp:n_comp + len(cp)] == _NO_USE).sum()),
-              "host_block": int((col["step"][n_comp + len(cp):] == _NO_USE).sum())}
-    col = {k: v[keep] for k, v in col.items()}
-    run_id = uuid.uuid4().hex[:12]
+    st = col["step"]
+    parts = {"compute": st[:n_comp], "copy": st[n_comp:n_comp + n_cp], "host_block": st[n_comp + n_cp:]}
+    outside = {k: int((v == -1).sum()) for k, v in parts.items()}
+    unused = {k: int((parts[k] == _NO_USE).sum()) for k in ("copy", "host_block")}
+    col = {k: v[st >= 0] for k, v in col.items()}
     events = pd.DataFrame({
-        "run": run_id,
-        "step": col["step"],
-        "group": group_of[col["layer_id"]],
-        "layer": index_of[col["layer_id"]],
-        "kind": col["kind"],
-        "stream": col["stream"],
-        "tier": col["tier"],
-        "bytes": col["bytes"],
-        "start_s": (col["start"] - t0) / 1e6,
-        "end_s": (col["end"] - t0) / 1e6,
+        "run": run_id, "step": col["step"], "group": group_of[col["layer_id"]],
+        "layer": index_of[col["layer_id"]], "kind": col["kind"], "stream": col["stream"],
+        "tier": col["tier"], "bytes": col["bytes"],
+        "start_s": (col["start"] - tr.t0) / 1e6, "end_s": (col["end"] - tr.t0) / 1e6,
     })
+    return events, outside, unused
 
-    # -- step bounds: the ProfilerStep span widened to the rows it holds -------------------
-    b = pd.DataFrame({"step": s_num, "start_s": (s_start - t0) / 1e6, "end_s": (s_end - t0) / 1e6})
+
+def _bounds(tr: _Trace, events: pd.DataFrame) -> pd.DataFrame:
+    """Step bounds: the ProfilerStep span widened to the rows it holds."""
+    b = pd.DataFrame({"step": tr.s_num, "start_s": (tr.s_start - tr.t0) / 1e6, "end_s": (tr.s_end - tr.t0) / 1e6})
     if len(events):
         span = events.groupby("step").agg(lo=("start_s", "min"), hi=("end_s", "max"))
         b = b.join(span, on="step")
         b["start_s"] = np.fmin(b["start_s"], b["lo"])
         b["end_s"] = np.fmax(b["end_s"], b["hi"])
         b = b[["step", "start_s", "end_s"]]
+    return b
 
+
+def _nothing_to_show(c: _Collected, reader: _Reader, name: str) -> TraceFormatError:
+    """Why a trace gives no layer and no GPU row, and how to record one that does."""
+    top = ", ".join(f"{k} ×{v}" for k, v in sorted(c.by_cat.items(), key=lambda kv: -kv[1])[:4] if v)
+    return TraceFormatError(
+        f"{name}: no layer found: {reader.n_events} events ({top or 'none with a category'}), "
+        f"{len(c.steps)} ProfilerStep span(s), {c.unmatched_annotations} record_function label(s) that "
+        f"match no layer_pattern, no kernels and no host-to-device copies; to see layers, label each "
+        f"block's forward with torch.profiler.record_function('blocks.<i>'), profile with "
+        f"with_stack=True so 'nn.Module: <Block>_<i>' spans are recorded, pass a layer_pattern matching "
+        f"your labels, or profile under offload_lab.offload, whose copies are labelled "
+        f"'offload_lab.copy <group>.<i>'")
+
+
+def _build(c: _Collected, reader: _Reader, source: str, label: str, patterns: list[re.Pattern],
+           default_patterns: bool) -> Run:
+    name = source
+    if c.t0 == float("inf"):
+        raise TraceFormatError(f"{name}: the trace has no complete ('ph': 'X') events with a duration "
+                               f"({reader.n_events} events read)")
+    layer_source, cpu_spans, gpu_spans = _layer_spans(c, default_patterns)
+    if layer_source == "none" and not len(c.k_ts) and not c.copies:
+        raise _nothing_to_show(c, reader, name)
+    tr = _Trace(c, cpu_spans, gpu_spans)
+    compute, compute_source = _compute(tr, c, cpu_spans)
+    cp = _copies(tr, c, compute)
+    hb = _host_blocks(tr, c, cp)
+    plan_layers, tiers, mixed = _placement(tr, compute, cp)
+    run_id = uuid.uuid4().hex[:12]
+    events, outside, unused = _events(tr, compute, cp, hb, tiers, run_id)
     meta = _meta(c, reader, source, label, run_id, patterns, layer_source, compute_source,
-                 mixed, outside, unused, len(step_ids))
-    return Run.build(events, b, plan_layers, meta=meta)
+                 mixed, outside, unused, len(tr.step_ids))
+    return Run.build(events, _bounds(tr, events), plan_layers, meta=meta)
 
 
 def _first_seen(keys: list[tuple[str, int]], lid: int) -> int:
@@ -397,6 +433,9 @@ def _meta(c: _Collected, reader: _Reader, source: str, label: str, run_id: str,
         "other_categories": {k: v for k, v in c.by_cat.items() if k not in _CATS},
         "not_complete_events": dict(c.by_ph),
         "negative_dur": c.negative_dur,
+        "non_finite_or_absurd_times": c.bad_times,
+        "memcpy_bytes_negative_or_absurd": c.bad_bytes,
+        "step_numbers_too_large": c.bad_steps,
         "flow_and_python_rows": c.unused,
         "annotations_without_layer": c.unmatched_annotations,
         "outside_steps": outside,

@@ -54,7 +54,9 @@ class _Matcher:
         for p in self.patterns:
             m = p.search(name)
             if m:
-                hit = (m.groupdict().get("group") or UNNAMED_GROUP, int(m.group("layer")))
+                layer = int(m.group("layer"))
+                # an index past MAX_INDEX names no layer (it would overflow the frames)
+                hit = (m.groupdict().get("group") or UNNAMED_GROUP, layer) if layer < MAX_INDEX else None
                 break
         if len(self.cache) < 1_000_000:
             self.cache[name] = hit
@@ -131,84 +133,186 @@ class _Collected:
         self.by_cat: dict[str, int] = {}
         self.by_ph: dict[str, int] = {}
         self.negative_dur = 0
+        self.bad_times = 0     # NaN, infinite or absurd ts / dur
+        self.bad_bytes = 0     # memcpy bytes negative or absurd
+        self.bad_steps = 0     # ProfilerStep numbers past MAX_INDEX
         self.unmatched_annotations = 0
         self.unused = 0    # flow arrows and python frames other than nn.Module: never read
         self.devices: dict[int, int] = {}      # device id -> GPU rows
 
 
-def _step_span(steps: dict[int, list[float]], nm: str, ts: float, dur: float) -> None:
+#: bounds past which a number in a trace is not a time, a byte count or a step (they would
+#: overflow the frames' int64 / lose all precision in float64): such rows are counted and skipped
+MAX_US = 1e17          # ~3,000 years in microseconds; Kineto writes µs since the epoch (~1.7e15)
+MAX_BYTES = 1 << 50    # one copy of a PiB
+MAX_INDEX = 1 << 53    # step numbers, layer indices, correlation ids
+
+
+def _step_span(c: _Collected, nm: str, ts: float, dur: float) -> None:
     ms = _STEP.match(nm)
     if ms:
         n = int(ms.group(1))
-        span = steps.get(n)
+        if n >= MAX_INDEX:
+            c.bad_steps += 1
+            return
+        span = c.steps.get(n)
         if span is None:
-            steps[n] = [ts, ts + dur]
+            c.steps[n] = [ts, ts + dur]
         else:  # the same step seen on two threads: one span around both
             span[0], span[1] = min(span[0], ts), max(span[1], ts + dur)
 
 
-def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher | None) -> _Collected:
-    c = _Collected()
-    lanes, lane_keys = c.lanes, c.lane_keys
-    k_ts, k_dur, k_lane, k_corr = c.k_ts.append, c.k_dur.append, c.k_lane.append, c.k_corr.append
-    r_corr, r_ts, r_lane = c.r_corr.append, c.r_ts.append, c.r_lane.append
-    by_cat, by_ph = c.by_cat, c.by_ph
-    cats = _CATS
-    t0, t1 = c.t0, c.t1
+class _Lanes:
+    """(pid, tid-or-stream, is_gpu) -> a small integer lane id."""
 
-    def lane_of(pid: Any, tid: Any, gpu: bool) -> int:
+    def __init__(self, c: _Collected, name: str, here: Callable[[], int]):
+        self.lanes, self.keys, self.name, self.here = c.lanes, c.lane_keys, name, here
+
+    def __call__(self, pid: Any, tid: Any, gpu: bool) -> int:
         key = (pid, tid, gpu)
         try:
-            return lanes[key]
+            return self.lanes[key]
         except KeyError:
             pass
         except TypeError:
-            raise TraceFormatError(f"{name}: event {here()} has pid {pid!r} / tid {tid!r}; expected "
-                                   f"numbers or strings") from None
-        lanes[key] = len(lane_keys)
-        lane_keys.append(key)
-        return lanes[key]
+            raise TraceFormatError(f"{self.name}: event {self.here()} has pid {pid!r:.40} / tid {tid!r:.40}; "
+                                   f"expected numbers or strings") from None
+        self.lanes[key] = len(self.keys)
+        self.keys.append(key)
+        return self.lanes[key]
 
+
+def _corr(args: dict) -> int:
+    corr = args.get("correlation", -1)
+    return corr if type(corr) is int and -1 <= corr < MAX_INDEX else -1
+
+
+def _header(ev: Any, c: _Collected, here: Callable[[], int], name: str) -> tuple[float, float, Any] | None:
+    """``(ts, dur, cat)`` of a complete event worth reading, else None (counted where skipped)."""
+    if type(ev) is not dict:
+        raise TraceFormatError(f"{name}: event {here()} is {type(ev).__name__} {ev!r:.60}; expected "
+                               f"a JSON object")
+    ph = ev.get("ph")
+    if ph != "X":
+        if type(ph) is not str:
+            if ph is None:
+                raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r:.60}) has no 'ph'")
+            raise TraceFormatError(f"{name}: event {here()} has 'ph' = {ph!r:.40}; expected a string "
+                                   f"such as 'X'")
+        if ph == "s" or ph == "f":  # flow arrows: never used (and not decoded in Kineto blocks)
+            c.unused += 1
+        else:
+            c.by_ph[ph] = c.by_ph.get(ph, 0) + 1
+        return None
+    ts = ev.get("ts")
+    if type(ts) is not float and type(ts) is not int:
+        ts = _num(ev, "ts", here, name)
+    dur = ev.get("dur")
+    if type(dur) is not float and type(dur) is not int:
+        dur = _num(ev, "dur", here, name)
+    cat = ev.get("cat")
+    try:
+        c.by_cat[cat] += 1
+    except (KeyError, TypeError):
+        if cat is not None and type(cat) is not str:
+            raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r:.60}) has 'cat' = {cat!r:.40}; "
+                                   f"expected a string") from None
+        c.by_cat[cat] = 1
+    if not (-MAX_US < ts < MAX_US and -MAX_US < dur < MAX_US):  # NaN and ±inf fail too
+        c.bad_times += 1
+        return None
+    if dur < 0:
+        c.negative_dur += 1
+        return None
+    return ts, dur, cat
+
+
+def _named_row(c: _Collected, ev: dict, kind: int, cat: Any, ts: float, dur: float, lane_of: _Lanes,
+               match: _Matcher, module_match: _Matcher | None) -> None:
+    """Copies, annotations and python frames: the rows read by name."""
+    here, name = lane_of.here, lane_of.name
+    nm = ev.get("name")
+    if type(nm) is not str:
+        raise TraceFormatError(f"{name}: event {here()} (cat {cat!r}) has 'name' = {nm!r:.60}; expected "
+                               f"a string")
+    if kind == _GPU_MEMCPY:
+        _memcpy(c, ev, nm, ts, dur, lane_of)
+    elif kind == _GPU_ANN:
+        hit = match(nm)
+        if hit is None:
+            c.unmatched_annotations += 1
+            return
+        args = _args(ev, here, name)
+        pid = args.get("device", ev.get("pid"))
+        c.gpu_spans.append((lane_of(pid, args.get("stream", ev.get("tid")), True), ts, ts + dur, hit))
+    elif kind == _CPU_ANN or kind == _PY_FN:
+        if nm.startswith("ProfilerStep#"):
+            _step_span(c, nm, ts, dur)
+            return
+        if kind == _PY_FN and module_match is not None:
+            if nm.startswith("nn.Module: "):
+                hit = module_match(nm)
+                if hit is not None:
+                    c.module_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
+            else:  # counted like the Kineto blocks count the python frames they skip
+                c.by_cat[cat] -= 1
+                c.unused += 1
+            return
+        hit = match(nm)
+        if hit is None:
+            if kind == _CPU_ANN:
+                c.unmatched_annotations += 1
+            return
+        c.cpu_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
+
+
+def _memcpy(c: _Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _Lanes) -> None:
+    args = _args(ev, lane_of.here, lane_of.name)
+    m = _MEMCPY.match(nm)
+    direction = m.group(1) if m else nm
+    nbytes = args.get("bytes", 0)
+    if type(nbytes) is float and nbytes.is_integer():
+        nbytes = int(nbytes)
+    if type(nbytes) is not int:
+        raise TraceFormatError(f"{lane_of.name}: event {lane_of.here()} ({nm!r:.60}) has args.bytes = "
+                               f"{nbytes!r:.40}; expected an integer")
+    if not 0 <= nbytes < MAX_BYTES:
+        c.bad_bytes += 1
+        return
+    if direction != "HtoD":
+        tot = c.other_copies.setdefault(direction, [0, 0])
+        tot[0] += 1
+        tot[1] += nbytes
+        return
+    src = (m.group(2) or "") if m else ""
+    tier = "pinned" if src == "Pinned" else "pageable" if src == "Pageable" else "unknown"
+    pid = args.get("device", ev.get("pid"))
+    lane = lane_of(pid, args.get("stream", ev.get("tid")), True)
+    c.copies.append((ts, dur, lane, _corr(args), nbytes, tier))
+
+
+def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher | None) -> _Collected:
+    # The per-event loop of the import (millions of rows): the two hot categories (kernels and
+    # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
+    c = _Collected()
+    lanes = c.lanes
+    k_ts, k_dur, k_lane, k_corr = c.k_ts.append, c.k_dur.append, c.k_lane.append, c.k_corr.append
+    r_corr, r_ts, r_lane = c.r_corr.append, c.r_ts.append, c.r_lane.append
+    by_cat, cats = c.by_cat, _CATS
+    t0, t1 = c.t0, c.t1
     j = 0
 
     def here() -> int:
         return reader.index(j)
 
+    lane_of = _Lanes(c, name, here)
     for pairs, n_events, cpu_marks in reader.events():
         cpu_before = by_cat.get("cpu_op", 0)
         for j, (ev, _) in enumerate(pairs):  # noqa: B007 - `here` reads j to name a bad event
-            if type(ev) is not dict:
-                raise TraceFormatError(f"{name}: event {here()} is {type(ev).__name__} {ev!r:.60}; expected "
-                                       f"a JSON object")
-            ph = ev.get("ph")
-            if ph != "X":
-                if type(ph) is not str:
-                    if ph is None:
-                        raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r}) has no 'ph'")
-                    raise TraceFormatError(f"{name}: event {here()} has 'ph' = {ph!r}; expected a string "
-                                           f"such as 'X'")
-                if ph == "s" or ph == "f":  # flow arrows: never used (and not decoded in Kineto blocks)
-                    c.unused += 1
-                else:
-                    by_ph[ph] = by_ph.get(ph, 0) + 1
+            head = _header(ev, c, here, name)
+            if head is None:
                 continue
-            ts = ev.get("ts")
-            if type(ts) is not float and type(ts) is not int:
-                ts = _num(ev, "ts", here, name)
-            dur = ev.get("dur")
-            if type(dur) is not float and type(dur) is not int:
-                dur = _num(ev, "dur", here, name)
-            cat = ev.get("cat")
-            try:
-                by_cat[cat] += 1
-            except (KeyError, TypeError):
-                if cat is not None and type(cat) is not str:
-                    raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r}) has 'cat' = {cat!r}; "
-                                           f"expected a string") from None
-                by_cat[cat] = 1
-            if dur < 0:
-                c.negative_dur += 1
-                continue
+            ts, dur, cat = head
             kind = cats.get(cat)
             if kind != _CPU_OP and kind != _PY_FN:
                 # the origin and the end of the trace come from the rows that are always decoded,
@@ -223,9 +327,9 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
                 # torch < 1.11 wrote ProfilerStep#N as a cpu_op
                 nm = ev.get("name")
                 if type(nm) is str and nm.startswith("ProfilerStep#"):
-                    _step_span(c.steps, nm, ts, dur)
+                    _step_span(c, nm, ts, dur)
                 continue
-            if kind == _GPU_KERNEL:  # the hot paths (kernels, runtime calls) inline what they can
+            if kind == _GPU_KERNEL:
                 args = ev.get("args")
                 if type(args) is not dict:
                     args = _args(ev, here, name)
@@ -237,24 +341,22 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
                     tid = ev.get("tid")
                 try:
                     lane = lanes[(pid, tid, True)]
-                except KeyError:
+                except (KeyError, TypeError):
                     lane = lane_of(pid, tid, True)
                 k_ts(ts)
                 k_dur(dur)
                 k_lane(lane)
-                corr = args.get("correlation", -1)
-                k_corr(corr if type(corr) is int else -1)
+                k_corr(_corr(args))
                 continue
             if kind == _RUNTIME:
                 args = ev.get("args")
                 if type(args) is not dict:
                     args = _args(ev, here, name)
-                corr = args.get("correlation", -1)
-                corr = corr if type(corr) is int else -1
+                corr = _corr(args)
                 pid, tid = ev.get("pid"), ev.get("tid")
                 try:
                     lane = lanes[(pid, tid, False)]
-                except KeyError:
+                except (KeyError, TypeError):
                     lane = lane_of(pid, tid, False)
                 r_corr(corr)
                 r_ts(ts)
@@ -263,66 +365,19 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
                 if type(nm) is str and (nm.startswith("cudaMemcpy") or nm.startswith("cuMemcpy")):
                     c.memcpy_calls.append((nm, ts, dur, lane, corr))
                 continue
-            nm = ev.get("name")
-            if type(nm) is not str:
-                raise TraceFormatError(f"{name}: event {here()} (cat {cat!r}) has 'name' = {nm!r}; expected "
-                                       f"a string")
-            if kind == _GPU_MEMCPY:
-                args = _args(ev, here, name)
-                m = _MEMCPY.match(nm)
-                direction = m.group(1) if m else nm
-                nbytes = args.get("bytes", 0)
-                if type(nbytes) is float and nbytes.is_integer():
-                    nbytes = int(nbytes)
-                if type(nbytes) is not int:
-                    raise TraceFormatError(f"{name}: event {here()} ({nm!r}) has args.bytes = {nbytes!r}; "
-                                           f"expected an integer")
-                if direction != "HtoD":
-                    tot = c.other_copies.setdefault(direction, [0, 0])
-                    tot[0] += 1
-                    tot[1] += nbytes
-                    continue
-                src = (m.group(2) or "") if m else ""
-                tier = "pinned" if src == "Pinned" else "pageable" if src == "Pageable" else "unknown"
-                pid = args.get("device", ev.get("pid"))
-                lane = lane_of(pid, args.get("stream", ev.get("tid")), True)
-                corr = args.get("correlation", -1)
-                c.copies.append((ts, dur, lane, corr if type(corr) is int else -1, nbytes, tier))
-            elif kind == _GPU_ANN:
-                hit = match(nm)
-                if hit is None:
-                    c.unmatched_annotations += 1
-                    continue
-                args = _args(ev, here, name)
-                pid = args.get("device", ev.get("pid"))
-                c.gpu_spans.append((lane_of(pid, args.get("stream", ev.get("tid")), True),
-                                    ts, ts + dur, hit))
-            elif kind == _CPU_ANN or kind == _PY_FN:
-                if nm.startswith("ProfilerStep#"):
-                    _step_span(c.steps, nm, ts, dur)
-                    continue
-                if kind == _PY_FN and module_match is not None:
-                    if nm.startswith("nn.Module: "):
-                        hit = module_match(nm)
-                        if hit is not None:
-                            c.module_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False),
-                                                   ts, ts + dur, hit))
-                    else:  # counted like the Kineto blocks count the python frames they skip
-                        by_cat[cat] -= 1
-                        c.unused += 1
-                    continue
-                hit = match(nm)
-                if hit is None:
-                    if kind == _CPU_ANN:
-                        c.unmatched_annotations += 1
-                    continue
-                c.cpu_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
+            _named_row(c, ev, kind, cat, ts, dur, lane_of, match, module_match)
         if cpu_marks:  # a Kineto block: rows framed but never decoded
             decoded_cpu = by_cat.get("cpu_op", 0) - cpu_before
             by_cat["cpu_op"] = cpu_before + cpu_marks
             c.unused += n_events - len(pairs) - (cpu_marks - decoded_cpu)
     c.t0, c.t1 = t0, t1
-    # rows per device, from the GPU lanes of kernels and copies
+    _count_devices(c)
+    return c
+
+
+def _count_devices(c: _Collected) -> None:
+    """Rows per device, from the GPU lanes of kernels and copies."""
+    lane_keys = c.lane_keys
     per_lane = np.bincount(np.frombuffer(c.k_lane, dtype=np.int32), minlength=len(lane_keys)) \
         if len(c.k_lane) else np.zeros(len(lane_keys), np.int64)
     for x in c.copies:
@@ -330,4 +385,3 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
     for lane, n in enumerate(per_lane.tolist()):
         if n and lane_keys[lane][2]:
             c.devices[lane_keys[lane][0]] = c.devices.get(lane_keys[lane][0], 0) + n
-    return c
