@@ -104,7 +104,7 @@ from torch import nn
 
 from offload_lab.model.spec import find_layer_groups
 from offload_lab.planning.hostmem import file_backed_checker
-from offload_lab.record.recorder import Recorder
+from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
 __all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
@@ -197,25 +197,10 @@ class Observer(Recorder):
                  label: str | None = None, device: torch.device | str | None = None):
         if not isinstance(model, nn.Module):
             raise ObserveError(f"observe expects a torch.nn.Module, got {type(model).__name__}")
-        if backend not in BACKENDS:
-            raise ObserveError(f"backend {backend!r} is not one of {BACKENDS}")
         if label is not None and not isinstance(label, str):
             raise ObserveError(f"label {label!r} must be a string naming the observed system "
                                f"(e.g. 'accelerate hooks') or None")
-        if backend == "auto":
-            backend = "cuda" if torch.cuda.is_available() else "cpu"
-        if backend == "cuda" and not torch.cuda.is_available():
-            raise ObserveError("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ObserveError(f"device {device!r} is not a torch device; accepted: 'cpu', 'cuda', 'cuda:1', ...") from None
-        if device.type != ("cuda" if backend == "cuda" else "cpu"):
-            raise ObserveError(f"device {str(device)!r} does not match backend {backend!r}")
-        if backend == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        backend, device = resolve_device(backend, device, BACKENDS, ObserveError)
         super().__init__()
         self.model, self.device, self.clock, self.label = model, device, backend, label
         self._layers = self._find_layers(model, groups)
@@ -264,22 +249,15 @@ class Observer(Recorder):
 
     # -- enter / exit ----------------------------------------------------------------------------
     def __enter__(self) -> Observer:
+        return super().__enter__()
+
+    def _claim(self) -> None:
         if self._used:
             raise ObserveError("an observer records one session; call observe(...) again for another")
         if self.model in _OBSERVED:
             raise ObserveError("this model is already being observed; leave that observer first")
         self._used = True
         _OBSERVED.add(self.model)
-        self._entered = True
-        try:
-            self._start()
-        except BaseException:
-            self._restore()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._restore()
 
     def _start(self) -> None:
         if self.clock == "cuda":

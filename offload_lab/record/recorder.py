@@ -79,6 +79,32 @@ def run_all(actions: list[Callable[[], None]]) -> list[BaseException]:
     return errors
 
 
+def resolve_device(backend: str, device: torch.device | str | None, accepted: tuple[str, ...],
+                   error: type[Exception]) -> tuple[str, torch.device]:
+    """The backend (``auto`` resolved) and the device it records on, or ``error`` saying why not.
+
+    >>> resolve_device("cpu", None, ("auto", "cuda", "cpu"), ValueError)
+    ('cpu', device(type='cpu'))
+    """
+    if backend not in accepted:
+        raise error(f"backend {backend!r} is not one of {accepted}")
+    if backend == "auto":
+        backend = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise error("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise error(f"device {device!r} is not a torch device; accepted: 'cpu', 'cuda', 'cuda:1', ...") from None
+    if device.type != ("cuda" if backend == "cuda" else "cpu"):
+        raise error(f"device {str(device)!r} does not match backend {backend!r}")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return backend, device
+
+
 class Recorder:
     """Base of the live recorders: step boundaries, memory samples, run meta and ``build_run``.
 
@@ -120,6 +146,27 @@ class Recorder:
             "host": HostMemory.probe().to_dict(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+
+    # -- enter / exit ----------------------------------------------------------------------------
+    def _claim(self) -> None:
+        """Refuse a second recorder on the same model, then register this one."""
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        self._claim()
+        self._entered = True
+        try:
+            self._start()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
 
     # -- restore ---------------------------------------------------------------------------------
     def _restore_actions(self) -> list[Callable[[], None]]:

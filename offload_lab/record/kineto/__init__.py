@@ -12,7 +12,14 @@ arrows, Python frames: most of a trace) are framed by the newlines between event
 decoded (:meth:`_Reader._array`); every row that is used is decoded and checked. A 1 M-event
 trace loads in a few seconds with memory bounded by the kernels and copies it holds
 (``benchmarks/trace_import.py``). Malformed or truncated files raise :class:`TraceFormatError`
-naming the problem and where (event index in ``traceEvents``, byte offset).
+naming the problem and where (event index in ``traceEvents``, byte offset). Numbers that
+cannot be what they claim are counted in ``meta["skipped"]`` and their rows left out, never
+passed into the frames: NaN, infinite or absurd (past 10^17 µs) ``ts`` / ``dur``
+(``non_finite_or_absurd_times``), negative durations (``negative_dur``), memcpy ``bytes`` that
+are negative or past 2^50 (``memcpy_bytes_negative_or_absurd``), ``ProfilerStep#N`` past 2^53
+(``step_numbers_too_large``). A trace in which no layer, kernel or copy is found (a plain CPU
+profile of a model) raises :class:`TraceFormatError` saying what it holds and how to label
+layers.
 
 **Mapping** onto the frames:
 

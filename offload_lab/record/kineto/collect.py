@@ -348,7 +348,7 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
                 k_lane(lane)
                 k_corr(_corr(args))
                 continue
-            if kind == _RUNTIME:
+            if kind == _RUNTIME:  # the kernel branch's shape again, inline on purpose (hot path)
                 args = ev.get("args")
                 if type(args) is not dict:
                     args = _args(ev, here, name)

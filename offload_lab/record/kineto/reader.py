@@ -248,6 +248,9 @@ class _Reader:
         data), every event is decoded one by one, which also pins any error to its event and
         byte.
         """
+        # One loop over the whole file, past ~80 lines on purpose: the buffer, position and
+        # batch state live in locals (the hot path of the import), and splitting it would pass
+        # them back and forth for every event.
         t = self.t
         scan, ws = self._scan, _WS.match
         kineto, lines = self._layouts

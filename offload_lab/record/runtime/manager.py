@@ -13,7 +13,7 @@ from torch import nn
 
 from offload_lab.analysis.summary import tier_summary
 from offload_lab.planning.hostmem import file_backed_checker, process_memory
-from offload_lab.record.recorder import Recorder
+from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import CopyTicket, CpuBackend, CudaBackend
 from offload_lab.record.runtime.stores import LayerStore
 
@@ -67,21 +67,9 @@ class OffloadManager(Recorder):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
         if model in _ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
-        if backend not in BACKENDS:
-            raise OffloadError(f"backend {backend!r} is not one of {BACKENDS}")
         if init not in INIT_STRATEGIES:
             raise OffloadError(f"init {init!r} is not one of {INIT_STRATEGIES}")
-        if backend == "auto":
-            backend = "cuda" if torch.cuda.is_available() else "cpu"
-        if backend == "cuda" and not torch.cuda.is_available():
-            raise OffloadError("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        if device.type != ("cuda" if backend == "cuda" else "cpu"):
-            raise OffloadError(f"device {str(device)!r} does not match backend {backend!r}")
+        backend, device = resolve_device(backend, device, BACKENDS, OffloadError)
         super().__init__()
         self.model, self.plan, self.device = model, plan, device
         self.backend_name, self.init_strategy = backend, init
@@ -145,19 +133,12 @@ class OffloadManager(Recorder):
 
     # -- enter / exit --------------------------------------------------------------------------
     def __enter__(self) -> OffloadManager:
+        return super().__enter__()
+
+    def _claim(self) -> None:
         if self.model in _ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
         _ACTIVE.add(self.model)
-        self._entered = True
-        try:
-            self._start()
-        except BaseException:
-            self._restore()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
 
     def _start(self) -> None:
         mem0 = process_memory()
