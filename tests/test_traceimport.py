@@ -1,4 +1,4 @@
-"""Trace import (issue 7): real torch.profiler traces, real GPU traces, hand-checked fixtures,
+"""Trace import: real torch.profiler traces, real GPU traces, hand-checked fixtures,
 malformed and truncated files."""
 
 from __future__ import annotations
