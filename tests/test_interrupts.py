@@ -74,9 +74,10 @@ def _sigint_on_call(monkeypatch, owner, name, nth):
             os.kill(os.getpid(), signal.SIGINT)
         return orig(*a, **kw)
 
-    monkeypatch.setattr(owner, name, staticmethod(wrapper) if isinstance(
-        owner.__dict__.get(name), staticmethod) else classmethod(lambda cls, *a, **kw: wrapper(*a, **kw))
-        if isinstance(owner.__dict__.get(name), classmethod) else wrapper)
+    if isinstance(owner.__dict__.get(name), classmethod):  # `orig` is already bound to the class
+        monkeypatch.setattr(owner, name, classmethod(lambda cls, *a, **kw: wrapper(*a, **kw)))
+    else:
+        monkeypatch.setattr(owner, name, wrapper)
     return calls
 
 
@@ -150,3 +151,26 @@ def test_sigint_inside_the_observers_restore(wan, monkeypatch):
     with observer_mod.observe(model, backend="cpu") as obs, obs.step(), torch.no_grad():
         model(**inputs)
     assert len(obs.run.steps) == 1
+
+
+def test_keyboardinterrupt_raised_inside_restore_is_finished_then_reraised(wan, monkeypatch):
+    """The second layer's restore raises KeyboardInterrupt before doing anything: restore retries
+    it, finishes every other layer, and the interrupt still reaches the caller."""
+    model, inputs, ref = wan
+    before = _state(model)
+    plan = offload_lab.plan(offload_lab.spec_of(model), tier="pageable", prefetch=1, host=HOST)
+    orig = stores.LayerStore.restore
+    calls = []
+
+    def restore(self):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return orig(self)
+
+    monkeypatch.setattr(stores.LayerStore, "restore", restore)
+    with pytest.raises(KeyboardInterrupt):
+        with offload(model, plan, backend="cpu") as m, torch.no_grad(), m.step():
+            model(**inputs)
+    monkeypatch.undo()
+    _assert_whole(model, before, inputs, ref)
