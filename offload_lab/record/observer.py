@@ -95,7 +95,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -104,6 +103,7 @@ from torch import nn
 
 from offload_lab.model.spec import find_layer_groups
 from offload_lab.planning.hostmem import file_backed_checker
+from offload_lab.record.probes import LayerUse, Probe, WatchedLayer
 from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
@@ -120,54 +120,6 @@ _OBSERVED: weakref.WeakSet = weakref.WeakSet()
 
 class ObserveError(ValueError):
     """A model, group list or backend that the observer cannot work with."""
-
-
-@dataclass
-class _Probe:
-    """Markers at the entry and exit of one probe (our own work lies between them)."""
-
-    enter: Any
-    exit: Any
-    host_enter: float
-    host_exit: float
-
-
-@dataclass
-class _Use:
-    """One forward of one layer."""
-
-    step: int
-    p0: _Probe
-    p1: _Probe | None = None
-    pc: _Probe | None = None
-    end: Any = None
-    child_armed: bool = False
-    copied_at_entry: bool = False   # this layer's own weights arrived in P0 → compute start
-    copied_in_forward: bool = False  # some copy was seen in P1 → Pc (a forward wrapper's work)
-    copies: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class _Layer:
-    group: str
-    index: int
-    module: nn.Module
-    params: list[nn.Parameter]
-    state: list[tuple] = field(default_factory=list)   # (device, ptr, numel, source tier | None)
-    home: list[set] = field(default_factory=list)      # cpu backend: pointers of host copies
-    max_bytes: list[int] = field(default_factory=list)
-    last: _Probe | None = None
-    on_device_throughout: bool = True
-    pending: list[dict] = field(default_factory=list)
-    open: list[_Use] = field(default_factory=list)
-    tier_bytes: dict[str, int] = field(default_factory=dict)
-    max_mapped: int = 0
-    uses: int = 0
-    dev_bytes: int = 0  # bytes of its weights bound on the compute device at the last snapshot
-
-    @property
-    def name(self) -> str:
-        return f"{self.group}.{self.index}"
 
 
 class Observer(Recorder):
@@ -204,12 +156,12 @@ class Observer(Recorder):
         super().__init__()
         self.model, self.device, self.clock, self.label = model, device, backend, label
         self._layers = self._find_layers(model, groups)
-        self._by_group: dict[str, list[_Layer]] = {}
+        self._by_group: dict[str, list[WatchedLayer]] = {}
         for lay in self._layers:
             self._by_group.setdefault(lay.group, []).append(lay)
         self._hooks: list = []
         self._order: list[tuple[nn.Module, Any, Any, Any, Any]] = []
-        self._uses: list[tuple[_Layer, _Use]] = []
+        self._uses: list[tuple[WatchedLayer, LayerUse]] = []
         self._overhead = 0.0
         self._checker = None
         self._tier_cache: dict[tuple[int, int], str] = {}
@@ -218,7 +170,7 @@ class Observer(Recorder):
 
     # -- the layers ------------------------------------------------------------------------------
     @staticmethod
-    def _find_layers(model: nn.Module, groups: list[str] | None) -> list[_Layer]:
+    def _find_layers(model: nn.Module, groups: list[str] | None) -> list[WatchedLayer]:
         mods = dict(model.named_modules())
         if groups is None:
             groups = find_layer_groups(model)
@@ -244,7 +196,7 @@ class Observer(Recorder):
                     if id(p) not in owner:
                         owner.add(id(p))
                         params.append(p)
-                layers.append(_Layer(g, i, block, params))
+                layers.append(WatchedLayer(g, i, block, params))
         return layers
 
     # -- enter / exit ----------------------------------------------------------------------------
@@ -340,7 +292,7 @@ class Observer(Recorder):
         return (dev.type == self.device.type and (dev.index or 0) == (self.device.index or 0)
                 and n * p.element_size() == full and n > 0)
 
-    def _check(self, lay: _Layer, probe: _Probe, use: _Use | None) -> list[dict]:
+    def _check(self, lay: WatchedLayer, probe: Probe, use: LayerUse | None) -> list[dict]:
         """Snapshot ``lay``; record what arrived since its previous snapshot."""
         arrived: dict[str, int] = {}
         changed = False
@@ -399,14 +351,14 @@ class Observer(Recorder):
     def _host(self) -> float:
         return self._backend.host_to_device_time(self._backend.now())
 
-    def _probe(self, lay: _Layer | None, use: _Use | None, sample: bool = False) -> tuple[_Probe, bool, bool]:
+    def _probe(self, lay: WatchedLayer | None, use: LayerUse | None, sample: bool = False) -> tuple[Probe, bool, bool]:
         """Mark, snapshot ``lay`` and its lookahead (or every layer), mark again.
 
         Returns the probe, whether ``lay``'s own weights arrived and whether anything arrived.
         """
         h0 = self._host()
         m0 = self._mark()
-        probe = _Probe(m0, None, h0, h0)
+        probe = Probe(m0, None, h0, h0)
         own = anything = False
         if lay is None:
             for other in self._layers:
@@ -450,10 +402,10 @@ class Observer(Recorder):
                 except (AttributeError, KeyError):  # a torch without ordered hook dicts: keep as is
                     pass
 
-    def _make_hooks(self, lay: _Layer):
+    def _make_hooks(self, lay: WatchedLayer):
         def p0(module, args):
             probe, _, _ = self._probe(lay, None)
-            use = _Use(self._current_step(), probe)
+            use = LayerUse(self._current_step(), probe)
             lay.open.append(use)
 
         def p1(module, args):
