@@ -142,6 +142,14 @@ class Run:
     >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> run.simulated, list(run.steps.columns)[:3]
     (True, ['step', 'wall_s', 'compute_s'])
+
+    Construction checks the contract (columns, dtypes, ``kind`` and ``stream`` values, meta
+    as JSON data), whoever builds the frames, a file included:
+
+    >>> Run(run.events.assign(kind="teleport"), run.layers, run.steps, run.memory, run.meta)
+    Traceback (most recent call last):
+    ...
+    offload_lab.record.schema.RunFormatError: events column 'kind' holds 'teleport' (160 row(s)); accepted: ['copy', 'compute', 'wait', 'host_block']
     """
 
     def __init__(self, events: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame,
