@@ -74,7 +74,7 @@ def test_load_refuses_what_is_not_a_run(tmp_path):
 
 
 def test_meta_must_be_plain_data(run):
-    with pytest.raises(TypeError, match="not JSON data"):
+    with pytest.raises(RunFormatError, match="not JSON data"):
         Run(run.events, run.layers, run.steps, run.memory, {"bad": object()})
 
 

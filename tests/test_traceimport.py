@@ -154,8 +154,8 @@ def test_fixture_same_run_in_every_layout(tmp_path, monkeypatch, fixture_run):
     # chunks of 7 characters: every event, key and number crosses a chunk edge somewhere;
     # 1500: many blocks of whole events, each framed without decoding its unused rows
     for chunk, low in ((7, 5), (1500, 300)):
-        monkeypatch.setattr(ti, "_CHUNK", chunk)
-        monkeypatch.setattr(ti, "_LOW", low)
+        monkeypatch.setattr(ti.reader, "_CHUNK", chunk)
+        monkeypatch.setattr(ti.reader, "_LOW", low)
         for path in (FIXTURE, flat, gz):
             assert_same_run(fixture_run, from_torch_profiler(path))
 
@@ -317,9 +317,10 @@ def test_custom_layer_pattern(cpu_prof):
     run = from_torch_profiler(cpu_prof[1], layer_pattern=r"^blocks\.(?P<layer>\d+)$")
     assert run.layers[["group", "layer"]].values.tolist() == [["layers", i] for i in range(3)]
     assert run.meta["layer_source"] == "layer_pattern"
-    # a pattern that matches nothing leaves every row outside a layer
-    run = from_torch_profiler(cpu_prof[1], layer_pattern=[r"^nothing(?P<layer>\d+)$"])
-    assert len(run.layers) == 0 and run.meta["layer_source"] == "none"
+    # a CPU trace in which the pattern matches nothing has nothing to show: it says so, and how
+    with pytest.raises(TraceFormatError, match=r"no layer found: \d+ events \(cpu_op") as e:
+        from_torch_profiler(cpu_prof[1], layer_pattern=[r"^nothing(?P<layer>\d+)$"])
+    assert "record_function" in str(e.value) and "offload_lab.copy" in str(e.value)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -411,8 +412,8 @@ def _json_ok(case: str) -> bool:
                          + [(c, "flat") for c in MALFORMED if _json_ok(c)])
 def test_malformed(case, layout, tmp_path, monkeypatch):
     if layout == "kineto-small-chunks":  # the bad event lies in one of many blocks
-        monkeypatch.setattr(ti, "_CHUNK", 1500)
-        monkeypatch.setattr(ti, "_LOW", 300)
+        monkeypatch.setattr(ti.reader, "_CHUNK", 1500)
+        monkeypatch.setattr(ti.reader, "_LOW", 300)
     edit, pattern = MALFORMED[case]
     text = edit(FIXTURE.read_text())
     if layout == "flat":
@@ -485,8 +486,8 @@ def test_corrupt_gzip(tmp_path):
 def test_every_cut_raises_trace_format_error(tmp_path, monkeypatch):
     """Cut anywhere (small chunks, so cuts land on chunk edges too): a TraceFormatError, never
     another exception and never a silent partial Run."""
-    monkeypatch.setattr(ti, "_CHUNK", 64)
-    monkeypatch.setattr(ti, "_LOW", 32)
+    monkeypatch.setattr(ti.reader, "_CHUNK", 64)
+    monkeypatch.setattr(ti.reader, "_LOW", 32)
     text = FIXTURE.read_text().rstrip()
     path = tmp_path / "cut.json"
     for cut in range(0, len(text), 97):

@@ -92,12 +92,9 @@ runs do, so the two compare fairly); nothing else synchronizes.
 
 from __future__ import annotations
 
-import platform
-import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -105,8 +102,9 @@ import torch
 from torch import nn
 
 from offload_lab.model.spec import find_layer_groups
-from offload_lab.planning.hostmem import HostMemory, file_backed_checker, process_memory
-from offload_lab.record.run import Run
+from offload_lab.planning.hostmem import file_backed_checker
+from offload_lab.record.probes import LayerUse, Probe, WatchedLayer
+from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
 __all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
@@ -124,55 +122,7 @@ class ObserveError(ValueError):
     """A model, group list or backend that the observer cannot work with."""
 
 
-@dataclass
-class _Probe:
-    """Markers at the entry and exit of one probe (our own work lies between them)."""
-
-    enter: Any
-    exit: Any
-    host_enter: float
-    host_exit: float
-
-
-@dataclass
-class _Use:
-    """One forward of one layer."""
-
-    step: int
-    p0: _Probe
-    p1: _Probe | None = None
-    pc: _Probe | None = None
-    end: Any = None
-    child_armed: bool = False
-    copied_at_entry: bool = False   # this layer's own weights arrived in P0 → compute start
-    copied_in_forward: bool = False  # some copy was seen in P1 → Pc (a forward wrapper's work)
-    copies: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class _Layer:
-    group: str
-    index: int
-    module: nn.Module
-    params: list[nn.Parameter]
-    state: list[tuple] = field(default_factory=list)   # (device, ptr, numel, source tier | None)
-    home: list[set] = field(default_factory=list)      # cpu backend: pointers of host copies
-    max_bytes: list[int] = field(default_factory=list)
-    last: _Probe | None = None
-    on_device_throughout: bool = True
-    pending: list[dict] = field(default_factory=list)
-    open: list[_Use] = field(default_factory=list)
-    tier_bytes: dict[str, int] = field(default_factory=dict)
-    max_mapped: int = 0
-    uses: int = 0
-    dev_bytes: int = 0  # bytes of its weights bound on the compute device at the last snapshot
-
-    @property
-    def name(self) -> str:
-        return f"{self.group}.{self.index}"
-
-
-class Observer:
+class Observer(Recorder):
     """Records a per-layer timeline of a model offloaded by someone else; changes nothing.
 
     Made by :func:`observe`; a context manager. Use :meth:`step` around each step (e.g. one
@@ -192,53 +142,35 @@ class Observer:
     (1, 'nobody offloads', 0)
     """
 
+    _error = ObserveError
+    _context = "observe(...)"
+
     def __init__(self, model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
                  label: str | None = None, device: torch.device | str | None = None):
         if not isinstance(model, nn.Module):
             raise ObserveError(f"observe expects a torch.nn.Module, got {type(model).__name__}")
-        if backend not in BACKENDS:
-            raise ObserveError(f"backend {backend!r} is not one of {BACKENDS}")
         if label is not None and not isinstance(label, str):
             raise ObserveError(f"label {label!r} must be a string naming the observed system "
                                f"(e.g. 'accelerate hooks') or None")
-        if backend == "auto":
-            backend = "cuda" if torch.cuda.is_available() else "cpu"
-        if backend == "cuda" and not torch.cuda.is_available():
-            raise ObserveError("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ObserveError(f"device {device!r} is not a torch device; accepted: 'cpu', 'cuda', 'cuda:1', ...") from None
-        if device.type != ("cuda" if backend == "cuda" else "cpu"):
-            raise ObserveError(f"device {str(device)!r} does not match backend {backend!r}")
-        if backend == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        backend, device = resolve_device(backend, device, BACKENDS, ObserveError)
+        super().__init__()
         self.model, self.device, self.clock, self.label = model, device, backend, label
         self._layers = self._find_layers(model, groups)
-        self._by_group: dict[str, list[_Layer]] = {}
+        self._by_group: dict[str, list[WatchedLayer]] = {}
         for lay in self._layers:
             self._by_group.setdefault(lay.group, []).append(lay)
-        self._backend: CpuBackend | CudaBackend | None = None
         self._hooks: list = []
         self._order: list[tuple[nn.Module, Any, Any, Any, Any]] = []
-        self._uses: list[tuple[_Layer, _Use]] = []
-        self._bounds: list[dict] = []
-        self._memory: list[dict] = []
-        self._step: int | None = None
-        self._steps_done = 0
-        self._entered = False
+        self._uses: list[tuple[WatchedLayer, LayerUse]] = []
         self._overhead = 0.0
         self._checker = None
         self._tier_cache: dict[tuple[int, int], str] = {}
         self._used = False
         self._pinned_seen: dict[int, int] = {}
-        self._meta: dict[str, Any] = {}
 
     # -- the layers ------------------------------------------------------------------------------
     @staticmethod
-    def _find_layers(model: nn.Module, groups: list[str] | None) -> list[_Layer]:
+    def _find_layers(model: nn.Module, groups: list[str] | None) -> list[WatchedLayer]:
         mods = dict(model.named_modules())
         if groups is None:
             groups = find_layer_groups(model)
@@ -264,27 +196,20 @@ class Observer:
                     if id(p) not in owner:
                         owner.add(id(p))
                         params.append(p)
-                layers.append(_Layer(g, i, block, params))
+                layers.append(WatchedLayer(g, i, block, params))
         return layers
 
     # -- enter / exit ----------------------------------------------------------------------------
     def __enter__(self) -> Observer:
+        return super().__enter__()
+
+    def _claim(self) -> None:
         if self._used:
             raise ObserveError("an observer records one session; call observe(...) again for another")
         if self.model in _OBSERVED:
             raise ObserveError("this model is already being observed; leave that observer first")
         self._used = True
         _OBSERVED.add(self.model)
-        self._entered = True
-        try:
-            self._start()
-        except BaseException:
-            self._restore()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._restore()
 
     def _start(self) -> None:
         if self.clock == "cuda":
@@ -304,37 +229,34 @@ class Observer:
             on_dev = [self._full_on_device(s, p, m) for s, p, m in zip(lay.state, lay.params, lay.max_bytes)]
             lay.on_device_throughout = all(on_dev)
             lay.dev_bytes = sum(m for m, ok in zip(lay.max_bytes, on_dev) if ok)
+        model_name = str(getattr(self.model, "offload_spec_meta", {}).get("spec_name")
+                         or type(self.model).__name__)
         self._meta = {
-            "run": uuid.uuid4().hex[:12],
-            "backend": "observe",
-            "simulated": False,
+            **self._base_meta("observe", self.device, model_name),
             "clock": self.clock,
-            "device": str(self.device),
-            "device_name": self._backend.device_name(),
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "platform": platform.platform(),
-            "model": str(getattr(self.model, "offload_spec_meta", {}).get("spec_name")
-                         or type(self.model).__name__),
             "groups": list(self._by_group),
-            "host": HostMemory.probe().to_dict(),
             "lookahead": LOOKAHEAD,
         }
         if self.label is not None:
             self._meta["observed_system"] = self.label
         self._install()
 
-    def _restore(self) -> None:
+    def _restore_actions(self) -> list[Callable[[], None]]:
         """Remove every hook; leave the model exactly as the other system has it."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        self._order.clear()
-        for lay in self._layers:
-            lay.open.clear()
-        if self._entered:
-            _OBSERVED.discard(self.model)
-            self._entered = False
+        def unhook() -> None:
+            while self._hooks:
+                self._hooks[-1].remove()
+                self._hooks.pop()
+            self._order.clear()
+
+        def forget() -> None:
+            for lay in self._layers:
+                lay.open.clear()
+            if self._entered:
+                _OBSERVED.discard(self.model)
+                self._entered = False
+
+        return [unhook, forget]
 
     # -- snapshots -------------------------------------------------------------------------------
     @staticmethod
@@ -370,7 +292,7 @@ class Observer:
         return (dev.type == self.device.type and (dev.index or 0) == (self.device.index or 0)
                 and n * p.element_size() == full and n > 0)
 
-    def _check(self, lay: _Layer, probe: _Probe, use: _Use | None) -> list[dict]:
+    def _check(self, lay: WatchedLayer, probe: Probe, use: LayerUse | None) -> list[dict]:
         """Snapshot ``lay``; record what arrived since its previous snapshot."""
         arrived: dict[str, int] = {}
         changed = False
@@ -429,14 +351,14 @@ class Observer:
     def _host(self) -> float:
         return self._backend.host_to_device_time(self._backend.now())
 
-    def _probe(self, lay: _Layer | None, use: _Use | None, sample: bool = False) -> tuple[_Probe, bool, bool]:
+    def _probe(self, lay: WatchedLayer | None, use: LayerUse | None, sample: bool = False) -> tuple[Probe, bool, bool]:
         """Mark, snapshot ``lay`` and its lookahead (or every layer), mark again.
 
         Returns the probe, whether ``lay``'s own weights arrived and whether anything arrived.
         """
         h0 = self._host()
         m0 = self._mark()
-        probe = _Probe(m0, None, h0, h0)
+        probe = Probe(m0, None, h0, h0)
         own = anything = False
         if lay is None:
             for other in self._layers:
@@ -480,10 +402,10 @@ class Observer:
                 except (AttributeError, KeyError):  # a torch without ordered hook dicts: keep as is
                     pass
 
-    def _make_hooks(self, lay: _Layer):
+    def _make_hooks(self, lay: WatchedLayer):
         def p0(module, args):
             probe, _, _ = self._probe(lay, None)
-            use = _Use(self._current_step(), probe)
+            use = LayerUse(self._current_step(), probe)
             lay.open.append(use)
 
         def p1(module, args):
@@ -525,9 +447,6 @@ class Observer:
         return p0, p1, pc, p2, p3
 
     # -- steps -------------------------------------------------------------------------------------
-    def _current_step(self) -> int:
-        return self._step if self._step is not None else self._steps_done
-
     @contextmanager
     def step(self) -> Iterator[Observer]:
         """Mark one step (every forward inside it); nests nowhere.
@@ -540,42 +459,32 @@ class Observer:
         >>> int(obs.run.events["kind"].eq("compute").sum())
         2
         """
-        if not self._entered:
-            raise ObserveError("step() must be used inside `with observe(...)`")
-        if self._step is not None:
-            raise ObserveError("steps do not nest")
+        with super().step() as s:
+            yield s
+
+    def _before_step(self) -> None:
         self._keep_order()
         self._refresh_host_view()
-        self._step = self._steps_done
-        start = self._backend.begin_step()
+
+    def _step_opened(self) -> None:
         self._probe(None, None)
-        try:
-            yield self
-        finally:
-            self._probe(None, None, sample=True)
-            end = self._backend.end_step()
-            self._bounds.append({"step": self._step, "start": start, "end": end})
-            self._steps_done += 1
-            self._step = None
+
+    def _step_closing(self) -> None:
+        self._probe(None, None)
 
     # -- memory --------------------------------------------------------------------------------------
-    def _sample_memory(self) -> None:
-        pm = process_memory()
+    def _device_bytes(self) -> int:
         if self.clock == "cuda":
-            dev = torch.cuda.memory_allocated(self.device)
-        else:  # the CPU is the device: count the layer weights that are bound there now
-            dev = sum(lay.dev_bytes for lay in self._layers)
-        self._memory.append({
-            "t_s": self._host(),
-            "device_bytes": int(dev),
-            # what we saw the other system copy from pinned memory: a lower bound of its pins
-            "pinned_bytes": int(sum(self._pinned_seen.values())),
-            "anon_bytes": int(pm["anon_bytes"]),
-            "mapped_bytes": int(pm["file_bytes"]),
-        })
+            return torch.cuda.memory_allocated(self.device)
+        # the CPU is the device: count the layer weights that are bound there now
+        return sum(lay.dev_bytes for lay in self._layers)
+
+    def _pinned_bytes(self) -> int:
+        # what we saw the other system copy from pinned memory: a lower bound of its pins
+        return sum(self._pinned_seen.values())
 
     # -- the Run -------------------------------------------------------------------------------------
-    def _placement(self) -> tuple[pd.DataFrame, list[str]]:
+    def _layer_tiers(self) -> tuple[pd.DataFrame, list[str]]:
         rows, mixed = [], []
         for lay in self._layers:
             tb = lay.tier_bytes
@@ -598,20 +507,10 @@ class Observer:
                           "mapped_bytes": "int64", "streamed": "bool", "pin_rank": "Int64",
                           "reason": "string"}), mixed
 
-    def build_run(self, warmup: int = 0) -> Run:
-        """The Run recorded so far (markers resolved on the device clock).
-
-        ``warmup`` steps are dropped from the frames, as in :func:`offload_lab.profile`.
-        """
-        if self._backend is None:
-            raise ObserveError("nothing recorded yet: enter the observer first")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ObserveError(f"warmup {warmup!r} must be an integer ≥ 0")
-        self._backend.synchronize()
-        r = self._backend.resolve
+    def _events(self, r: Callable[[Any], float], warmup: int) -> list[dict]:
         for lay in self._layers:
             lay.tier_bytes, lay.max_mapped = {}, 0
-        events = []
+        events: list[dict] = []
         kept = {b["step"] for b in self._bounds[warmup:]}
         for lay, use in self._uses:
             entry = use.pc if (use.copied_in_forward and use.pc is not None) else use.p1
@@ -637,26 +536,26 @@ class Observer:
                                    "start_s": w0, "end_s": w1})
             events.append({**base, "kind": "compute", "stream": "compute", "tier": "", "bytes": 0,
                            "start_s": start, "end_s": end})
-        plan_layers, mixed = self._placement()
+        return events
+
+    def _placement(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        from offload_lab.analysis.summary import tier_summary
+
+        plan_layers, mixed = self._layer_tiers()
+        return plan_layers, {
+            "mixed_tier_layers": mixed,
+            "unused_copies": int(sum(len(lay.pending) for lay in self._layers)),
+            "observer_overhead_s": float(self._overhead),
+            "label": self.label or f"observed: {tier_summary(plan_layers)}",
+        }
+
+    def _finish_events(self, events: list[dict], plan_layers: pd.DataFrame) -> None:
+        # compute and wait rows take the tier the layer's placement settled on
         tier_of = {(g, int(i)): t for g, i, t in zip(plan_layers["group"], plan_layers["layer"],
                                                       plan_layers["tier"])}
         for e in events:
             if e["tier"] == "":
                 e["tier"] = tier_of[(e["group"], e["layer"])]
-        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in self._bounds]
-        meta = dict(self._meta)
-        meta["mixed_tier_layers"] = mixed
-        meta["unused_copies"] = int(sum(len(lay.pending) for lay in self._layers))
-        meta["observer_overhead_s"] = float(self._overhead)
-        from offload_lab.analysis.summary import tier_summary
-
-        meta["label"] = self.label or f"observed: {tier_summary(plan_layers)}"
-        return Run.build(events, bounds, plan_layers, self._memory, meta, warmup=warmup)
-
-    @property
-    def run(self) -> Run:
-        """:meth:`build_run` with no warm-up dropped."""
-        return self.build_run()
 
 
 def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "auto",

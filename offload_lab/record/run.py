@@ -8,6 +8,7 @@ figures, report) reads the frames. Column sets are the contract (``docs/frames.m
 from __future__ import annotations
 
 import datetime as _dt
+import html
 import io
 import json
 import math
@@ -19,56 +20,49 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-EVENT_COLUMNS = ["run", "step", "group", "layer", "kind", "stream", "tier", "bytes", "start_s", "end_s", "dur_s"]
-LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank",
-                 "copy_s", "compute_s", "stall_s", "gbps"]
-STEP_COLUMNS = ["step", "wall_s", "compute_s", "copy_s", "stall_s", "exposed_copy_s", "overlap", "bytes_moved"]
-MEMORY_COLUMNS = ["t_s", "device_bytes", "pinned_bytes", "anon_bytes", "mapped_bytes"]
+from offload_lab.record.intervals import union_length as _union
+from offload_lab.record.schema import (
+    EVENT_COLUMNS,
+    EVENT_DTYPES,
+    KINDS,
+    LAYER_COLUMNS,
+    LAYER_DTYPES,
+    MEMORY_COLUMNS,
+    MEMORY_DTYPES,
+    STEP_COLUMNS,
+    STEP_DTYPES,
+    STREAMS,
+    TIERS,
+    RunFormatError,
+    check_meta,
+    check_values,
+    conform,
+)
 
-KINDS = ("copy", "compute", "wait", "host_block")
-STREAMS = ("copy", "compute", "host")
-TIERS = ("resident", "pinned", "pageable", "mapped", "unknown")
+__all__ = ["Run", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
+           "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "summarize_steps", "summarize_layers",
+           "empty_events"]
+
 FORMAT = "offload-lab/run"
-
-
-class RunFormatError(ValueError):
-    """A file that is not a saved offload-lab run, or frames that break the contract."""
+FORMAT_VERSION = 1
+FRAMES = ("events", "layers", "steps", "memory")
+#: the largest member a saved run may hold, uncompressed; bigger ones are refused unread
+MAX_MEMBER_BYTES = 128 << 20
 
 
 def empty_events() -> pd.DataFrame:
+    """An events frame with no rows, in contract form.
+
+    >>> list(empty_events().columns) == EVENT_COLUMNS
+    True
+    """
     return _events_frame([])
 
 
-_EVENT_DTYPES = {
-    "run": "string", "step": "int64", "group": "string", "layer": "int64", "kind": "string",
-    "stream": "string", "tier": "string", "bytes": "int64",
-    "start_s": "float64", "end_s": "float64", "dur_s": "float64",
-}
-
-
 def _events_frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    if (isinstance(rows, pd.DataFrame) and list(rows.columns) == EVENT_COLUMNS
-            and all(str(rows[c].dtype) == t for c, t in _EVENT_DTYPES.items())):
-        return rows  # already in contract form (Run.build made it)
-    df = pd.DataFrame(rows, columns=EVENT_COLUMNS) if not isinstance(rows, pd.DataFrame) else rows
-    df = df.reindex(columns=EVENT_COLUMNS)
-    df["dur_s"] = df["end_s"] - df["start_s"]
-    return df.astype(_EVENT_DTYPES).reset_index(drop=True)
-
-
-def _union(s, e):
-    """Length of the union of intervals [s, e) (numpy arrays)."""
-    if len(s) == 0:
-        return 0.0
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    reach = np.maximum.accumulate(e)
-    brk = np.empty(len(s), dtype=bool)
-    brk[0] = True
-    brk[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(brk)
-    return float((np.maximum.reduceat(e, idx) - s[idx]).sum())
-
+    if not isinstance(rows, pd.DataFrame):
+        rows = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    return conform("events", rows, EVENT_DTYPES, derive_dur=True)
 
 
 def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
@@ -137,25 +131,6 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
                        "pin_rank": "Int64"})[LAYER_COLUMNS]
 
 
-def _jsonable(obj: Any) -> Any:
-    """Meta must be plain JSON: convert numpy scalars, paths, tuples; refuse anything else."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    if obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj
-    raise TypeError(f"run meta value {obj!r} of type {type(obj).__name__} is not JSON data")
-
-
 class Run:
     """One execution of N steps under one plan: measured (``cuda``/``cpu``) or simulated (``sim``).
 
@@ -167,17 +142,24 @@ class Run:
     >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> run.simulated, list(run.steps.columns)[:3]
     (True, ['step', 'wall_s', 'compute_s'])
+
+    Construction checks the contract (columns, dtypes, ``kind`` and ``stream`` values, meta
+    as JSON data), whoever builds the frames, a file included:
+
+    >>> Run(run.events.assign(kind="teleport"), run.layers, run.steps, run.memory, run.meta)
+    Traceback (most recent call last):
+    ...
+    offload_lab.record.schema.RunFormatError: events column 'kind' holds 'teleport' (160 row(s)); accepted: ['copy', 'compute', 'wait', 'host_block']
     """
 
     def __init__(self, events: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame,
                  memory: pd.DataFrame, meta: dict[str, Any]):
         self.events = _events_frame(events)
-        self.layers = layers.reindex(columns=LAYER_COLUMNS)
-        self.steps = steps.reindex(columns=STEP_COLUMNS)
-        self.memory = memory.reindex(columns=MEMORY_COLUMNS).astype(
-            {"t_s": "float64", "device_bytes": "int64", "pinned_bytes": "int64",
-             "anon_bytes": "int64", "mapped_bytes": "int64"})
-        self.meta = _jsonable(dict(meta))
+        check_values(self.events)
+        self.layers = conform("layers", layers, LAYER_DTYPES)
+        self.steps = conform("steps", steps, STEP_DTYPES)
+        self.memory = conform("memory", memory, MEMORY_DTYPES)
+        self.meta = check_meta(meta)
         self.meta.setdefault("simulated", self.meta.get("backend") == "sim")
 
     # -- construction ------------------------------------------------------------------------
@@ -230,61 +212,140 @@ class Run:
         return f"<Run {self.label!r} {kind} ({self.backend}), {len(self.steps)} steps, {st_s}>"
 
     def _repr_html_(self) -> str:
-        from offload_lab.analysis.summary import compare
-
-        return compare([self]).to_html(index=False, escape=True)
+        """A one-table summary for notebooks; every string from the run is escaped."""
+        st = self.step_time
+        moved = float(self.steps["bytes_moved"].median()) if len(self.steps) else float("nan")
+        overlap = float(self.steps["overlap"].median()) if len(self.steps) else float("nan")
+        rows = [
+            ("run", self.label),
+            ("kind", "simulated" if self.simulated else "measured"),
+            ("backend", self.backend),
+            ("model", str(self.meta.get("model", ""))),
+            ("device", str(self.meta.get("device_name") or "")),
+            ("steps", str(len(self.steps))),
+            ("step time", "—" if math.isnan(st) else f"{st * 1e3:.4g} ms"),
+            ("bytes moved / step", "—" if math.isnan(moved) else f"{moved / 2**20:.4g} MiB"),
+            ("copy overlapped", "—" if math.isnan(overlap) else f"{overlap:.0%}"),
+        ]
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                       for k, v in rows)
+        return f"<table class='offload-lab-run'>{body}</table>"
 
     # -- save / load -------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write one zip file of parquet frames and ``meta.json`` (data, never pickle).
 
-        ``.zip`` is appended when ``path`` lacks it; the written path is returned.
+        ``.zip`` is appended when ``path`` lacks it (``load`` finds it again from the same
+        ``path``); the written path is returned. A failed save leaves nothing behind.
+
+        >>> import tempfile, offload_lab
+        >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+        >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+        >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)
+        >>> where = Path(tempfile.mkdtemp()) / "sim"
+        >>> run.save(where).name, Run.load(where).equals(run)
+        ('sim.zip', True)
         """
-        path = Path(path)
-        if path.suffix != ".zip":
-            path = path.with_name(path.name + ".zip")
+        path = _zip_path(Path(path))
         tmp = path.with_name(path.name + ".tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._write(tmp)
+            os.replace(tmp, path)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise OSError(f"cannot write run {str(path)!r}: {e.strerror or e}") from None
-        os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def _write(self, tmp: Path) -> None:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            z.writestr("meta.json", json.dumps({"format": FORMAT, "version": 1, "meta": self.meta}, indent=1))
-            for name in ("events", "layers", "steps", "memory"):
+            z.writestr("meta.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "meta": self.meta},
+                                               indent=1))
+            for name in FRAMES:
                 buf = io.BytesIO()
                 getattr(self, name).to_parquet(buf, engine="pyarrow", index=False)
                 z.writestr(f"{name}.parquet", buf.getvalue())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Run:
-        """Read a run written by :meth:`save`."""
+        """Read a run written by :meth:`save` (``path`` with or without its ``.zip``).
+
+        Anything that is not such a run raises :class:`RunFormatError` naming the file and what
+        is wrong with it; members over :data:`MAX_MEMBER_BYTES` are refused without being read.
+        """
         path = Path(path)
+        if not path.exists() and _zip_path(path).is_file():
+            path = _zip_path(path)
+        where = str(path)
         try:
             with zipfile.ZipFile(path) as z:
-                names = set(z.namelist())
-                need = {"meta.json", "events.parquet", "layers.parquet", "steps.parquet", "memory.parquet"}
-                if not need <= names:
-                    raise RunFormatError(f"{str(path)!r} is not an offload-lab run: missing {sorted(need - names)}")
-                head = json.loads(z.read("meta.json"))
-                if head.get("format") != FORMAT:
-                    raise RunFormatError(f"{str(path)!r} is not an offload-lab run (format {head.get('format')!r})")
-                frames = {n: pd.read_parquet(io.BytesIO(z.read(f"{n}.parquet")), engine="pyarrow")
-                          for n in ("events", "layers", "steps", "memory")}
-        except (zipfile.BadZipFile, OSError, json.JSONDecodeError) as e:
-            raise RunFormatError(f"cannot read run {str(path)!r}: {e}") from None
-        run = cls.__new__(cls)
-        run.events, run.layers, run.steps, run.memory = (frames[n] for n in ("events", "layers", "steps", "memory"))
-        run.meta = head["meta"]
-        return run
+                missing = sorted({"meta.json", *(f"{n}.parquet" for n in FRAMES)} - set(z.namelist()))
+                if missing:
+                    raise RunFormatError(f"{where!r} is not an offload-lab run: missing {missing}")
+                head = _read_head(z, where)
+                frames = {n: _read_frame(z, n, where) for n in FRAMES}
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
+            raise RunFormatError(f"cannot read run {where!r}: {e}") from None
+        try:
+            return cls(**frames, meta=head["meta"])
+        except RunFormatError as e:
+            raise RunFormatError(f"{where!r} is not a valid offload-lab run: {e}") from None
 
     def equals(self, other: Run) -> bool:
         """Frames and meta equal (dtypes included)."""
         return self.meta == other.meta and all(
             getattr(self, n).equals(getattr(other, n)) for n in ("events", "layers", "steps", "memory")
         )
+
+
+def _zip_path(path: Path) -> Path:
+    return path if path.suffix == ".zip" else path.with_name(path.name + ".zip")
+
+
+def _member(z: zipfile.ZipFile, name: str, where: str) -> bytes:
+    """A member's bytes, read no further than :data:`MAX_MEMBER_BYTES` whatever its header claims."""
+    try:
+        info = z.getinfo(name)
+    except KeyError:
+        raise RunFormatError(f"{where!r} is not an offload-lab run: it has no {name!r}") from None
+    limit = MAX_MEMBER_BYTES
+    if info.file_size > limit:
+        raise RunFormatError(f"{where!r}: member {name!r} is {info.file_size} bytes; a run member may hold "
+                             f"at most {limit} bytes ({limit >> 20} MiB)")
+    with z.open(info) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise RunFormatError(f"{where!r}: member {name!r} holds more than {limit} bytes ({limit >> 20} MiB), "
+                             f"the most a run member may hold")
+    return data
+
+
+def _read_head(z: zipfile.ZipFile, where: str) -> dict:
+    raw = _member(z, "meta.json", where)
+    try:
+        head = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise RunFormatError(f"{where!r}: meta.json is not JSON ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(head, dict):
+        raise RunFormatError(f"{where!r}: meta.json holds a {type(head).__name__}; expected an object with "
+                             f"'format', 'version' and 'meta'")
+    if head.get("format") != FORMAT:
+        raise RunFormatError(f"{where!r} is not an offload-lab run (format {head.get('format')!r:.60}, "
+                             f"expected {FORMAT!r})")
+    version = head.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise RunFormatError(f"{where!r}: run format version {version!r:.30} is not one this offload-lab "
+                             f"reads (1 to {FORMAT_VERSION})")
+    if "meta" not in head:
+        raise RunFormatError(f"{where!r}: meta.json has no 'meta' entry")
+    return head
+
+
+def _read_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
+    raw = _member(z, f"{name}.parquet", where)
+    try:
+        return pd.read_parquet(io.BytesIO(raw), engine="pyarrow")
+    except Exception as e:  # pyarrow raises many types (ArrowInvalid, ArrowTypeError, OSError, ...)
+        raise RunFormatError(f"{where!r}: {name}.parquet is not a readable parquet table "
+                             f"({type(e).__name__}: {str(e)[:80]})") from None

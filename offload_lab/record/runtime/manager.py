@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import platform
-import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +12,8 @@ import torch
 from torch import nn
 
 from offload_lab.analysis.summary import tier_summary
-from offload_lab.planning.hostmem import HostMemory, file_backed_checker, process_memory
-from offload_lab.record.run import Run
+from offload_lab.planning.hostmem import file_backed_checker, process_memory
+from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import CopyTicket, CpuBackend, CudaBackend
 from offload_lab.record.runtime.stores import LayerStore
 
@@ -43,7 +40,7 @@ class _Group:
     live: dict[int, CopyTicket] = field(default_factory=dict)  # bound to the device right now
 
 
-class OffloadManager:
+class OffloadManager(Recorder):
     """Drives one model's layer groups under a plan, recording every copy and compute interval.
 
     Use it through :func:`offload` (a context manager) or :func:`profile`:
@@ -60,48 +57,33 @@ class OffloadManager:
     1
     """
 
+    _error = OffloadError
+    _context = "offload(...)"
+    _sample_every_s = MEMORY_SAMPLE_S
+
     def __init__(self, model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
                  init: str = "grouped", label: str | None = None, record_memory: bool = True):
         if not isinstance(model, nn.Module):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
         if model in _ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
-        if backend not in BACKENDS:
-            raise OffloadError(f"backend {backend!r} is not one of {BACKENDS}")
         if init not in INIT_STRATEGIES:
             raise OffloadError(f"init {init!r} is not one of {INIT_STRATEGIES}")
-        if backend == "auto":
-            backend = "cuda" if torch.cuda.is_available() else "cpu"
-        if backend == "cuda" and not torch.cuda.is_available():
-            raise OffloadError("backend 'cuda' was asked for but torch sees no CUDA device; use 'cpu' or 'auto'")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        if device.type != ("cuda" if backend == "cuda" else "cpu"):
-            raise OffloadError(f"device {str(device)!r} does not match backend {backend!r}")
+        backend, device = resolve_device(backend, device, BACKENDS, OffloadError)
+        super().__init__()
         self.model, self.plan, self.device = model, plan, device
         self.backend_name, self.init_strategy = backend, init
         self.label = label
         self.record_memory = record_memory
         self._groups = self._check_plan(model, plan)
-        self._backend: CpuBackend | CudaBackend | None = None
         self._stores: dict[tuple[str, int], LayerStore] = {}
         self._resident_bufs: dict[tuple[str, int], dict] = {}
         self._hooks: list = []
         self._moved: list[tuple[torch.Tensor | nn.Parameter, torch.Tensor, Any, str]] = []
         self._placeholders: dict[torch.dtype, torch.Tensor] = {}
         self._records: list[dict] = []
-        self._bounds: list[dict] = []
-        self._memory: list[dict] = []
-        self._step: int | None = None
-        self._steps_done = 0
         self._device_ledger = 0
         self._init_peak = 0
-        self._entered = False
-        self._meta: dict[str, Any] = {}
-        self._last_sample = float("-inf")
 
     # -- plan ↔ model ----------------------------------------------------------------------------
     @staticmethod
@@ -151,23 +133,15 @@ class OffloadManager:
 
     # -- enter / exit --------------------------------------------------------------------------
     def __enter__(self) -> OffloadManager:
+        return super().__enter__()
+
+    def _claim(self) -> None:
         if self.model in _ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
         _ACTIVE.add(self.model)
-        self._entered = True
-        try:
-            self._start()
-        except BaseException:
-            self._restore()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
 
     def _start(self) -> None:
         mem0 = process_memory()
-        host = HostMemory.probe()
         if self.backend_name == "cuda":
             self._backend = CudaBackend(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -182,20 +156,12 @@ class OffloadManager:
         pinned = sum(s.pinned_bytes for s in self._stores.values())
         spec = self.plan.spec
         self._meta = {
-            "run": uuid.uuid4().hex[:12],
-            "backend": self.backend_name,
-            "simulated": False,
-            "device_name": self._backend.device_name(),
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "platform": platform.platform(),
-            "model": spec.name,
+            **self._base_meta(self.backend_name, self.device, spec.name),
             "model_bytes": spec.total_bytes,
             "plan": {**self.plan.params, "ledger": self.plan.ledger, "warnings": list(self.plan.warnings)},
             # the whole plan (spec included), so a run can be re-simulated or re-planned later
             "plan_full": self.plan.to_dict(),
             "prefetch": int(self.plan.prefetch),
-            "host": host.to_dict(),
             "init_strategy": self.init_strategy,
             "startup_peak_bytes": int(self._init_peak),
             "predicted_startup_peak_bytes": int(self.plan.startup_peak(self.init_strategy)),
@@ -213,40 +179,50 @@ class OffloadManager:
         self._install_hooks()
         self._sample_memory(force=True)
 
-    def _restore(self) -> None:
-        """Put the model back exactly as it was; free pinned memory; stop copy threads."""
-        errors = []
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        if self._backend is not None:
-            try:
+    def _restore_actions(self) -> list[Callable[[], None]]:
+        """Put the model back exactly as it was; free pinned memory; stop copy threads.
+
+        Each action is idempotent (restore may retry one an interrupt cut short): stores and
+        moved tensors are dropped from their lists only once they are back.
+        """
+        def unhook() -> None:
+            while self._hooks:
+                self._hooks[-1].remove()
+                self._hooks.pop()
+
+        def close_backend() -> None:
+            if self._backend is not None:
                 self._backend.close()
-            except Exception as e:  # keep restoring; report after
-                errors.append(e)
-        for g in self._groups:
-            g.in_flight.clear()
-            g.live.clear()
-        self._resident_bufs.clear()
-        for store in self._stores.values():
-            try:
-                store.restore()
-            except Exception as e:
-                errors.append(e)
-        self._stores.clear()
-        for t, orig, req, _ in reversed(self._moved):
-            t.data = orig
-            if isinstance(t, nn.Parameter):
-                t.requires_grad_(req)
-        self._moved.clear()
-        self._placeholders.clear()
-        if self._entered:
-            _ACTIVE.discard(self.model)
-            self._entered = False
-        if self.backend_name == "cuda" and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if errors:
-            raise RuntimeError(f"restoring the model hit {len(errors)} error(s): {errors[0]!r}") from errors[0]
+
+        def forget_copies() -> None:
+            for g in self._groups:
+                g.in_flight.clear()
+                g.live.clear()
+            self._resident_bufs.clear()
+
+        def restore_stores() -> None:
+            while self._stores:
+                key = next(iter(self._stores))
+                self._stores[key].restore()
+                del self._stores[key]
+
+        def restore_moved() -> None:
+            while self._moved:
+                t, orig, req, _ = self._moved[-1]
+                t.data = orig
+                if isinstance(t, nn.Parameter):
+                    t.requires_grad_(req)
+                self._moved.pop()
+            self._placeholders.clear()
+
+        def release() -> None:
+            if self._entered:
+                _ACTIVE.discard(self.model)
+                self._entered = False
+            if self.backend_name == "cuda" and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+        return [unhook, close_backend, forget_copies, restore_stores, restore_moved, release]
 
     # -- initialisation ----------------------------------------------------------------------------
     def _layer_param_ids(self) -> set[int]:
@@ -298,6 +274,8 @@ class OffloadManager:
         for i, block in enumerate(g.blocks):
             tier = self._tier(g.name, i)
             store = LayerStore.from_module(g.name, i, block, tier)
+            # known to restore before it touches a parameter: an interrupt here loses nothing
+            self._stores[(g.name, i)] = store
             # a parameter the naive strategy moved to the device must still come back to the host
             for s in store.slots:
                 if id(s.param) in originals:
@@ -317,7 +295,6 @@ class OffloadManager:
             else:
                 store.host_fill(pin=pin and tier == "pinned", keep_original=keep)
                 store.unbind({dt: self._placeholder(dt) for dt in store.sizes()})
-            self._stores[(g.name, i)] = store
 
     def _init(self) -> None:
         layer_ids = self._layer_param_ids()
@@ -408,54 +385,17 @@ class OffloadManager:
 
         return pre, post
 
-    # -- steps -------------------------------------------------------------------------------------------
-    def _current_step(self) -> int:
-        return self._step if self._step is not None else self._steps_done
-
-    @contextlib.contextmanager
-    def step(self) -> Iterator[OffloadManager]:
-        """Mark one step (e.g. one denoising step: every forward of the model inside it)."""
-        if not self._entered:
-            raise OffloadError("step() must be used inside `with offload(...)`")
-        if self._step is not None:
-            raise OffloadError("steps do not nest")
-        self._step = self._steps_done
-        start = self._backend.begin_step()
-        try:
-            yield self
-        finally:
-            end = self._backend.end_step()
-            if self.record_memory:
-                self._sample_memory(force=True)
-            self._bounds.append({"step": self._step, "start": start, "end": end})
-            self._steps_done += 1
-            self._step = None
-
     # -- memory -----------------------------------------------------------------------------------------
-    def _sample_memory(self, force: bool = False) -> None:
-        # reading /proc costs ~100 µs: at most one sample per MEMORY_SAMPLE_S between steps
-        now = self._backend.now()
-        if not force and now - self._last_sample < MEMORY_SAMPLE_S:
-            return
-        self._last_sample = now
-        pm = process_memory()
-        dev = (torch.cuda.memory_allocated(self.device) - self._cuda_base
-               if self.backend_name == "cuda" else self._device_ledger)
-        self._memory.append({
-            "t_s": self._backend.host_to_device_time(now),
-            "device_bytes": int(dev),
-            "pinned_bytes": int(sum(s.pinned_bytes for s in self._stores.values())),
-            "anon_bytes": int(pm["anon_bytes"]),
-            "mapped_bytes": int(pm["file_bytes"]),
-        })
+    def _device_bytes(self) -> int:
+        if self.backend_name == "cuda":
+            return torch.cuda.memory_allocated(self.device) - self._cuda_base
+        return self._device_ledger
+
+    def _pinned_bytes(self) -> int:
+        return sum(s.pinned_bytes for s in self._stores.values())
 
     # -- the Run -----------------------------------------------------------------------------------------
-    def build_run(self, warmup: int = 0) -> Run:
-        """The Run recorded so far (markers resolved on the device clock)."""
-        if self._backend is None:
-            raise OffloadError("nothing recorded yet: enter the manager first")
-        self._backend.synchronize()
-        r = self._backend.resolve
+    def _events(self, r: Callable[[Any], float], warmup: int) -> list[dict]:
         events = []
         for rec in self._records:
             base = {"run": self._meta["run"], "step": rec["step"], "group": rec["group"],
@@ -475,10 +415,7 @@ class OffloadManager:
                                    "start_s": w, "end_s": max(start, c1)})
             events.append({**base, "kind": "compute", "stream": "compute", "bytes": 0,
                            "start_s": start, "end_s": end})
-        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in self._bounds]
-        return Run.build(events, bounds, self.plan.layers, self._memory, dict(self._meta), warmup=warmup)
+        return events
 
-    @property
-    def run(self) -> Run:
-        return self.build_run()
-
+    def _placement(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        return self.plan.layers, {}

@@ -81,6 +81,9 @@ class LayerStore:
     _raw: torch.Tensor | None = None  # the one registered mapping behind the pinned buffers
     _registered: bool = True
     pin_method: str | None = None
+    # whether any parameter was rebound (until then each still holds its original tensor)
+    _detached: bool = False
+    _restored: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -170,26 +173,37 @@ class LayerStore:
             _copy(dev[dt], buf, non_blocking)
 
     def bind(self, dev: dict[torch.dtype, torch.Tensor]) -> None:
+        self._detached = True
         for s in self.slots:
             s.param.data = dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
 
     def unbind(self, placeholders: dict[torch.dtype, torch.Tensor]) -> None:
+        self._detached = True
         for s in self.slots:
             s.param.data = placeholders[s.dtype]
 
     # -- restore -------------------------------------------------------------------------------
     def restore(self) -> None:
-        """Put every parameter back: same values, dtype, device and requires_grad."""
+        """Put every parameter back: same values, dtype, device and requires_grad.
+
+        Safe to call again after an interrupt cut it short, and on a store whose fill never
+        finished (its parameters were never rebound, so they keep their originals).
+        """
+        if self._restored:
+            return
         if self._raw is not None:
             if self._registered:
                 _unpin(self._raw)
             self._raw, self.pinned_bytes = None, 0
         for s in self.slots:
-            if s.orig_data is not None:
+            if not self._detached:
+                pass  # still its original tensor
+            elif s.orig_data is not None:
                 s.param.data = s.orig_data
             else:
                 # the packed store replaced the original: view it back (or copy to its device)
                 view = self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
                 s.param.data = view if s.orig_device.type == "cpu" else view.to(s.orig_device)
             s.param.requires_grad_(s.orig_requires_grad)
+        self._restored = True
         self.buffers = {}

@@ -1,0 +1,178 @@
+"""Import a torch.profiler / Kineto chrome trace as a :class:`~offload_lab.record.run.Run`.
+
+>>> from offload_lab.record.kineto import from_torch_profiler
+>>> run = from_torch_profiler("tests/data/traces/gpu_two_steps.json")  # doctest: +SKIP
+>>> run.events.groupby(["kind", "tier"])["bytes"].sum()                # doctest: +SKIP
+
+**Reading.** The file is streamed, never ``json.load``-ed: text is read in 1 MiB chunks (gzip
+detected by content, decompressed incrementally) and the ``traceEvents`` array is decoded one
+event object at a time; only the fields the frames need are kept, in compact arrays. Where
+the file is laid out as torch writes it, the rows the import never uses (``cpu_op``, flow
+arrows, Python frames: most of a trace) are framed by the newlines between events but not
+decoded (:meth:`_Reader._array`); every row that is used is decoded and checked. A 1 M-event
+trace loads in a few seconds with memory bounded by the kernels and copies it holds
+(``benchmarks/trace_import.py``). Malformed or truncated files raise :class:`TraceFormatError`
+naming the problem and where (event index in ``traceEvents``, byte offset). Numbers that
+cannot be what they claim are counted in ``meta["skipped"]`` and their rows left out, never
+passed into the frames: NaN, infinite or absurd (past 10^17 µs) ``ts`` / ``dur``
+(``non_finite_or_absurd_times``), negative durations (``negative_dur``), memcpy ``bytes`` that
+are negative or past 2^50 (``memcpy_bytes_negative_or_absurd``), ``ProfilerStep#N`` past 2^53
+(``step_numbers_too_large``). A trace in which no layer, kernel or copy is found (a plain CPU
+profile of a model) raises :class:`TraceFormatError` saying what it holds and how to label
+layers.
+
+**Mapping** onto the frames:
+
+- **copies** — ``gpu_memcpy`` rows named ``Memcpy HtoD (<src> -> Device)`` become ``copy``
+  events on the ``copy`` stream, one per memcpy, ``bytes`` from ``args["bytes"]``; the source
+  names the tier: ``Pinned`` → ``pinned``, ``Pageable`` → ``pageable``, anything else →
+  ``unknown`` (a mapped checkpoint view is copied as pageable memory and shows as
+  ``pageable``: the trace cannot tell). DtoH, DtoD, PtoP and HtoH copies load no weights: they
+  are left out of the events (so out of ``bytes_moved`` and overlap), with their count and
+  bytes in ``meta["skipped"]["memcpy_not_htod"]``. The CUDA streams that carried HtoD copies
+  are ``meta["streams"]["copy"]`` (``[device, stream]`` pairs).
+- **compute** — ``kernel`` rows. Kernels inside a layer become one ``compute`` event per use of
+  the layer and CUDA stream (first kernel start to last kernel end, as the runtime brackets a
+  layer by events in its hooks); kernels outside every layer stay one event each. Their streams
+  are ``meta["streams"]["compute"]``. A trace without kernels (a CPU-only profile) takes each
+  layer's outermost annotation span as its compute.
+- **host_block** — host-side ``cudaMemcpy*`` runtime calls whose device copy is an HtoD copy
+  from pageable memory, and synchronous ``cudaMemcpy`` calls, blocked the CPU thread for their
+  duration: one ``host_block`` row each on the ``host`` stream, with the copy's tier and bytes.
+- **layers** — annotation names are matched against ``layer_pattern`` (named groups ``layer``
+  and optionally ``group``; without one the group is :data:`UNNAMED_GROUP`). The default finds
+  ``<group>.<idx>`` anywhere in a ``record_function`` label (``blocks.17``,
+  ``token_refiner.blocks.3``, ``prefetch blocks.4``). A GPU row belongs to the innermost
+  matching ``gpu_user_annotation`` on its stream, else (through its ``correlation`` id) to the
+  innermost matching CPU annotation around its launch. Only when no label matches at all,
+  ``nn.Module: <Class>_<idx>`` spans (``with_stack=True``) are used: the outermost of those
+  whose class has two or more instances (``Block_3``, not the ``Linear_0`` inside it nor the
+  single root module), group = class name. Rows outside every layer carry group
+  :data:`NO_GROUP` (``""``) and layer :data:`NO_LAYER` (``-1``): they are in ``Run.events``
+  but have no row in ``Run.layers``.
+- **steps** — ``ProfilerStep#N`` spans give step ``N``; a GPU row belongs to the step in which
+  it was launched (a gap between two steps belongs to the earlier one); step bounds are the
+  span widened to the rows it holds. A copy attributed to a layer is labelled with the step
+  that *uses* it: the step of that layer's first compute that ends after the copy ends (a
+  prefetch issued at the end of step n for step n+1 carries n+1); a copy with no later use in
+  the trace (the prefetch for a step that was not recorded) is dropped and counted in
+  ``meta["skipped"]["copies_without_a_later_use"]``. Without ``ProfilerStep`` spans the whole
+  trace is step 0. Rows outside every step are dropped and counted in
+  ``meta["skipped"]["outside_steps"]``.
+- **times** — microseconds → seconds from the first timestamp of the complete (``ph: X``) rows
+  other than ``cpu_op`` and ``python_function`` (Kineto's own ``PyTorch Profiler`` span starts
+  before them all), so that every way of reading a file gives the same times.
+- **placement** (``Run.layers``) — per observed layer: ``tier`` from its HtoD copies (the tier
+  carrying most of its bytes; layers with mixed tiers are listed in
+  ``meta["mixed_tier_layers"]``), ``unknown`` when it had no HtoD copy (never guessed);
+  ``bytes`` = the most HtoD bytes copied for it in one step; ``streamed`` = copied in every step
+  in which it computed; ``mapped_bytes`` 0; ``pin_rank`` <NA>. ``wait`` rows are not derived:
+  a trace does not record what a stream waited on.
+- **meta** — ``backend`` ``"trace"``, ``simulated`` False, ``label`` (file name without
+  ``.json[.gz]`` unless given), ``source``, ``device_name`` (from ``deviceProperties``; None when
+  the trace has none, ``"cpu"`` without GPU rows), ``devices``, ``device_properties``,
+  ``streams``, ``counts`` (events, by category and phase, kernels, HtoD copies per tier,
+  steps, layer annotations), ``skipped``, ``layer_source``, ``layer_pattern``,
+  ``compute_source``, ``time_origin_us``, ``trace`` (the trace's own header fields).
+"""
+
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from offload_lab.record.kineto.build import NO_GROUP, NO_LAYER, _build
+from offload_lab.record.kineto.collect import (
+    DEFAULT_LAYER_PATTERN,
+    MODULE_PATTERN,
+    UNNAMED_GROUP,
+    _collect,
+    _compile_patterns,
+    _Matcher,
+)
+from offload_lab.record.kineto.reader import (
+    TraceFormatError,
+    TraceImportError,
+    _open,
+    _Reader,
+    _Text,
+    iter_trace_events,
+)
+from offload_lab.record.run import Run
+
+__all__ = ["from_torch_profiler", "iter_trace_events", "TraceImportError", "TraceFormatError",
+           "DEFAULT_LAYER_PATTERN", "MODULE_PATTERN", "NO_GROUP", "NO_LAYER", "UNNAMED_GROUP"]
+
+
+def _import_file(path: Path, label: str | None, layer_pattern: Any, source: str | None = None) -> Run:
+    patterns, default = _compile_patterns(layer_pattern)
+    source = source or path.name
+    raw, gz = _open(path)
+    with raw:
+        reader = _Reader(_Text(raw, source, gz), read_python_functions=not default)
+        module_match = _Matcher([re.compile(MODULE_PATTERN)]) if default else None
+        col = _collect(reader, source, _Matcher(patterns), module_match)
+    if label is None:
+        label = path.name.removesuffix(".gz").removesuffix(".json") or path.name
+    return _build(col, reader, source, label, patterns, default)
+
+
+def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str | None = None,
+                        layer_pattern: str | re.Pattern | Sequence[str | re.Pattern] | None = None) -> Run:
+    """A :class:`Run` (backend ``trace``) from a Kineto chrome trace or a finished profiler.
+
+    ``trace_or_profiler`` is a path to a ``.json`` / ``.json.gz`` trace (gzip is detected by
+    content) or a ``torch.profiler.profile`` whose ``with`` block has ended (it is exported to a
+    temporary file and read back). ``layer_pattern`` (regex, or a list tried in order) maps
+    annotation names to layers through named groups ``layer`` and optionally ``group``; the
+    default finds ``<group>.<idx>`` in ``record_function`` labels and falls back to
+    ``nn.Module: <Class>_<idx>`` spans. The module docstring lists every mapping rule.
+
+    >>> import torch
+    >>> from torch.profiler import profile, record_function
+    >>> blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+    >>> with profile() as prof:
+    ...     x = torch.randn(2, 8)
+    ...     for i, b in enumerate(blocks):
+    ...         with record_function(f"blocks.{i}"):
+    ...             x = b(x)
+    >>> run = from_torch_profiler(prof, label="eager")
+    >>> run.layers[["group", "layer", "tier"]].values.tolist()
+    [['blocks', 0, 'unknown'], ['blocks', 1, 'unknown']]
+
+    Raises :class:`TraceFormatError` (a ``ValueError``) for malformed or truncated files, naming
+    the problem and where it is (event index and byte offset).
+    """
+    if isinstance(trace_or_profiler, (str, os.PathLike)):
+        path = Path(trace_or_profiler)
+        if not path.is_file():
+            raise FileNotFoundError(f"trace {str(path)!r} does not exist (or is not a file)")
+        return _import_file(path, label, layer_pattern)
+    export = getattr(trace_or_profiler, "export_chrome_trace", None)
+    if not callable(export):
+        raise TraceImportError(
+            f"cannot import {type(trace_or_profiler).__name__} {trace_or_profiler!r:.80}: pass a path to "
+            f"a chrome trace (.json or .json.gz) or a torch.profiler.profile object")
+    _compile_patterns(layer_pattern)  # a bad pattern fails before the export
+    with tempfile.TemporaryDirectory(prefix="offload-lab-trace-") as tmp:
+        path = Path(tmp) / "trace.json"
+        try:
+            export(str(path))
+        except Exception as e:
+            try:
+                # Kineto saves a trace once; torch >= 2.9 can write it again from Python
+                if "use_python_export" not in inspect.signature(export).parameters:
+                    raise
+                export(str(path), use_python_export=True)
+            except Exception:
+                raise TraceImportError(
+                    f"cannot export the profiler's trace ({type(e).__name__}: {e}); call "
+                    f"from_torch_profiler after the profiler has stopped (after its `with` block)") from e
+        return _import_file(path, label if label is not None else "torch.profiler", layer_pattern,
+                            source="torch.profiler (live)")

@@ -1,0 +1,387 @@
+"""Collecting what the frames need from a trace's events, in compact raw-microsecond columns."""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from offload_lab.record.kineto.reader import TraceFormatError, TraceImportError, _Reader
+
+#: the group of layers matched by a ``layer_pattern`` without a (non-empty) ``group`` group
+UNNAMED_GROUP = "layers"
+
+#: ``<group>.<idx>`` anywhere in a label: ``blocks.17``, ``token_refiner.blocks.3.attn``.
+DEFAULT_LAYER_PATTERN = r"(?<![\w.])(?P<group>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\.(?P<layer>\d+)(?![\w])"
+#: ``nn.Module: Block_3`` as written by torch.profiler with ``with_stack=True``.
+MODULE_PATTERN = r"^nn\.Module: (?P<group>[A-Za-z_]\w*?)_(?P<layer>\d+)$"
+
+_MEMCPY = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
+_STEP = re.compile(r"ProfilerStep#(\d+)$")
+
+# category -> handler code; Kineto's spellings across torch versions
+_GPU_KERNEL, _GPU_MEMCPY, _GPU_MEMSET, _GPU_ANN, _CPU_ANN, _PY_FN, _RUNTIME, _CPU_OP = range(8)
+_CATS = {
+    "kernel": _GPU_KERNEL, "Kernel": _GPU_KERNEL,
+    "gpu_memcpy": _GPU_MEMCPY, "Memcpy": _GPU_MEMCPY,
+    "gpu_memset": _GPU_MEMSET, "Memset": _GPU_MEMSET,
+    "gpu_user_annotation": _GPU_ANN,
+    "user_annotation": _CPU_ANN,
+    "python_function": _PY_FN,
+    "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
+    "cpu_op": _CPU_OP, "Operator": _CPU_OP,
+}
+
+
+
+
+class _Matcher:
+    """Annotation name -> (group, layer) or None, cached (names repeat every step)."""
+
+    def __init__(self, patterns: Sequence[re.Pattern]):
+        self.patterns = patterns
+        self.cache: dict[str, tuple[str, int] | None] = {}
+
+    def __call__(self, name: str) -> tuple[str, int] | None:
+        try:
+            return self.cache[name]
+        except KeyError:
+            pass
+        hit = None
+        for p in self.patterns:
+            m = p.search(name)
+            if m:
+                layer = int(m.group("layer"))
+                # an index past MAX_INDEX names no layer (it would overflow the frames)
+                hit = (m.groupdict().get("group") or UNNAMED_GROUP, layer) if layer < MAX_INDEX else None
+                break
+        if len(self.cache) < 1_000_000:
+            self.cache[name] = hit
+        return hit
+
+
+def _compile_patterns(layer_pattern: Any) -> tuple[list[re.Pattern], bool]:
+    """Returns the patterns and whether they are the default (which enables the nn.Module fallback)."""
+    if layer_pattern is None:
+        return [re.compile(DEFAULT_LAYER_PATTERN)], True
+    if isinstance(layer_pattern, (str, re.Pattern)):
+        items = [layer_pattern]
+    elif isinstance(layer_pattern, (list, tuple)):
+        items = list(layer_pattern)
+    else:
+        items = [layer_pattern]  # refused just below, with what is accepted
+    out = []
+    for p in items:
+        if not isinstance(p, (str, re.Pattern)):
+            raise TraceImportError(f"layer_pattern {p!r} is not a regular expression: pass a str or "
+                                   f"re.Pattern (or a list of them) with named groups 'layer' and "
+                                   f"optionally 'group'")
+        try:
+            rx = re.compile(p) if isinstance(p, str) else p
+        except re.error as e:
+            raise TraceImportError(f"layer_pattern {p!r} is not a valid regular expression: {e}") from None
+        if "layer" not in rx.groupindex:
+            raise TraceImportError(f"layer_pattern {rx.pattern!r} has no named group 'layer': write e.g. "
+                                   f"r'(?P<group>blocks)\\.(?P<layer>\\d+)'")
+        out.append(rx)
+    if not out:
+        raise TraceImportError("layer_pattern is an empty list: pass at least one regular expression")
+    return out, False
+
+
+def _num(ev: dict, key: str, here: Callable[[], int], name: str) -> float:
+    v = ev.get(key)
+    if type(v) is int or type(v) is float:
+        return v
+    if v is None and key not in ev:
+        raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r}) has no {key!r}")
+    raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r}) has {key!r} = {v!r} "
+                           f"({type(v).__name__}); expected a number (microseconds)")
+
+
+def _args(ev: dict, here: Callable[[], int], name: str) -> dict:
+    a = ev.get("args")
+    if a is None:
+        return {}
+    if type(a) is not dict:
+        raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r}) has 'args' = {a!r:.60} "
+                               f"({type(a).__name__}); expected an object")
+    return a
+
+
+class _Collected:
+    """Compact columns of the rows that matter, in raw trace microseconds."""
+
+    def __init__(self) -> None:
+        self.t0 = float("inf")
+        self.t1 = float("-inf")
+        self.lanes: dict[tuple, int] = {}
+        self.lane_keys: list[tuple] = []       # (pid, tid-or-stream, is_gpu)
+        self.k_ts, self.k_dur = array("d"), array("d")
+        self.k_lane, self.k_corr = array("i"), array("q")
+        self.r_corr, self.r_ts, self.r_lane = array("q"), array("d"), array("i")
+        self.copies: list[tuple] = []          # (ts, dur, lane, corr, bytes, tier)
+        self.other_copies: dict[str, list[int]] = {}   # direction -> [count, bytes]
+        self.memcpy_calls: list[tuple] = []    # (name, ts, dur, lane, corr)
+        self.gpu_spans: list[tuple] = []       # (lane, ts, end, (group, layer))
+        self.cpu_spans: list[tuple] = []
+        self.module_spans: list[tuple] = []
+        self.steps: dict[int, list[float]] = {}
+        self.by_cat: dict[str, int] = {}
+        self.by_ph: dict[str, int] = {}
+        self.negative_dur = 0
+        self.bad_times = 0     # NaN, infinite or absurd ts / dur
+        self.bad_bytes = 0     # memcpy bytes negative or absurd
+        self.bad_steps = 0     # ProfilerStep numbers past MAX_INDEX
+        self.unmatched_annotations = 0
+        self.unused = 0    # flow arrows and python frames other than nn.Module: never read
+        self.devices: dict[int, int] = {}      # device id -> GPU rows
+
+
+#: bounds past which a number in a trace is not a time, a byte count or a step (they would
+#: overflow the frames' int64 / lose all precision in float64): such rows are counted and skipped
+MAX_US = 1e17          # ~3,000 years in microseconds; Kineto writes µs since the epoch (~1.7e15)
+MAX_BYTES = 1 << 50    # one copy of a PiB
+MAX_INDEX = 1 << 53    # step numbers, layer indices, correlation ids
+
+
+def _step_span(c: _Collected, nm: str, ts: float, dur: float) -> None:
+    ms = _STEP.match(nm)
+    if ms:
+        n = int(ms.group(1))
+        if n >= MAX_INDEX:
+            c.bad_steps += 1
+            return
+        span = c.steps.get(n)
+        if span is None:
+            c.steps[n] = [ts, ts + dur]
+        else:  # the same step seen on two threads: one span around both
+            span[0], span[1] = min(span[0], ts), max(span[1], ts + dur)
+
+
+class _Lanes:
+    """(pid, tid-or-stream, is_gpu) -> a small integer lane id."""
+
+    def __init__(self, c: _Collected, name: str, here: Callable[[], int]):
+        self.lanes, self.keys, self.name, self.here = c.lanes, c.lane_keys, name, here
+
+    def __call__(self, pid: Any, tid: Any, gpu: bool) -> int:
+        key = (pid, tid, gpu)
+        try:
+            return self.lanes[key]
+        except KeyError:
+            pass
+        except TypeError:
+            raise TraceFormatError(f"{self.name}: event {self.here()} has pid {pid!r:.40} / tid {tid!r:.40}; "
+                                   f"expected numbers or strings") from None
+        self.lanes[key] = len(self.keys)
+        self.keys.append(key)
+        return self.lanes[key]
+
+
+def _corr(args: dict) -> int:
+    corr = args.get("correlation", -1)
+    return corr if type(corr) is int and -1 <= corr < MAX_INDEX else -1
+
+
+def _header(ev: Any, c: _Collected, here: Callable[[], int], name: str) -> tuple[float, float, Any] | None:
+    """``(ts, dur, cat)`` of a complete event worth reading, else None (counted where skipped)."""
+    if type(ev) is not dict:
+        raise TraceFormatError(f"{name}: event {here()} is {type(ev).__name__} {ev!r:.60}; expected "
+                               f"a JSON object")
+    ph = ev.get("ph")
+    if ph != "X":
+        if type(ph) is not str:
+            if ph is None:
+                raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r:.60}) has no 'ph'")
+            raise TraceFormatError(f"{name}: event {here()} has 'ph' = {ph!r:.40}; expected a string "
+                                   f"such as 'X'")
+        if ph == "s" or ph == "f":  # flow arrows: never used (and not decoded in Kineto blocks)
+            c.unused += 1
+        else:
+            c.by_ph[ph] = c.by_ph.get(ph, 0) + 1
+        return None
+    ts = ev.get("ts")
+    if type(ts) is not float and type(ts) is not int:
+        ts = _num(ev, "ts", here, name)
+    dur = ev.get("dur")
+    if type(dur) is not float and type(dur) is not int:
+        dur = _num(ev, "dur", here, name)
+    cat = ev.get("cat")
+    try:
+        c.by_cat[cat] += 1
+    except (KeyError, TypeError):
+        if cat is not None and type(cat) is not str:
+            raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r:.60}) has 'cat' = {cat!r:.40}; "
+                                   f"expected a string") from None
+        c.by_cat[cat] = 1
+    if not (-MAX_US < ts < MAX_US and -MAX_US < dur < MAX_US):  # NaN and ±inf fail too
+        c.bad_times += 1
+        return None
+    if dur < 0:
+        c.negative_dur += 1
+        return None
+    return ts, dur, cat
+
+
+def _named_row(c: _Collected, ev: dict, kind: int, cat: Any, ts: float, dur: float, lane_of: _Lanes,
+               match: _Matcher, module_match: _Matcher | None) -> None:
+    """Copies, annotations and python frames: the rows read by name."""
+    here, name = lane_of.here, lane_of.name
+    nm = ev.get("name")
+    if type(nm) is not str:
+        raise TraceFormatError(f"{name}: event {here()} (cat {cat!r}) has 'name' = {nm!r:.60}; expected "
+                               f"a string")
+    if kind == _GPU_MEMCPY:
+        _memcpy(c, ev, nm, ts, dur, lane_of)
+    elif kind == _GPU_ANN:
+        hit = match(nm)
+        if hit is None:
+            c.unmatched_annotations += 1
+            return
+        args = _args(ev, here, name)
+        pid = args.get("device", ev.get("pid"))
+        c.gpu_spans.append((lane_of(pid, args.get("stream", ev.get("tid")), True), ts, ts + dur, hit))
+    elif kind == _CPU_ANN or kind == _PY_FN:
+        if nm.startswith("ProfilerStep#"):
+            _step_span(c, nm, ts, dur)
+            return
+        if kind == _PY_FN and module_match is not None:
+            if nm.startswith("nn.Module: "):
+                hit = module_match(nm)
+                if hit is not None:
+                    c.module_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
+            else:  # counted like the Kineto blocks count the python frames they skip
+                c.by_cat[cat] -= 1
+                c.unused += 1
+            return
+        hit = match(nm)
+        if hit is None:
+            if kind == _CPU_ANN:
+                c.unmatched_annotations += 1
+            return
+        c.cpu_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
+
+
+def _memcpy(c: _Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _Lanes) -> None:
+    args = _args(ev, lane_of.here, lane_of.name)
+    m = _MEMCPY.match(nm)
+    direction = m.group(1) if m else nm
+    nbytes = args.get("bytes", 0)
+    if type(nbytes) is float and nbytes.is_integer():
+        nbytes = int(nbytes)
+    if type(nbytes) is not int:
+        raise TraceFormatError(f"{lane_of.name}: event {lane_of.here()} ({nm!r:.60}) has args.bytes = "
+                               f"{nbytes!r:.40}; expected an integer")
+    if not 0 <= nbytes < MAX_BYTES:
+        c.bad_bytes += 1
+        return
+    if direction != "HtoD":
+        tot = c.other_copies.setdefault(direction, [0, 0])
+        tot[0] += 1
+        tot[1] += nbytes
+        return
+    src = (m.group(2) or "") if m else ""
+    tier = "pinned" if src == "Pinned" else "pageable" if src == "Pageable" else "unknown"
+    pid = args.get("device", ev.get("pid"))
+    lane = lane_of(pid, args.get("stream", ev.get("tid")), True)
+    c.copies.append((ts, dur, lane, _corr(args), nbytes, tier))
+
+
+def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher | None) -> _Collected:
+    # The per-event loop of the import (millions of rows): the two hot categories (kernels and
+    # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
+    c = _Collected()
+    lanes = c.lanes
+    k_ts, k_dur, k_lane, k_corr = c.k_ts.append, c.k_dur.append, c.k_lane.append, c.k_corr.append
+    r_corr, r_ts, r_lane = c.r_corr.append, c.r_ts.append, c.r_lane.append
+    by_cat, cats = c.by_cat, _CATS
+    t0, t1 = c.t0, c.t1
+    j = 0
+
+    def here() -> int:
+        return reader.index(j)
+
+    lane_of = _Lanes(c, name, here)
+    for pairs, n_events, cpu_marks in reader.events():
+        cpu_before = by_cat.get("cpu_op", 0)
+        for j, (ev, _) in enumerate(pairs):  # noqa: B007 - `here` reads j to name a bad event
+            head = _header(ev, c, here, name)
+            if head is None:
+                continue
+            ts, dur, cat = head
+            kind = cats.get(cat)
+            if kind != _CPU_OP and kind != _PY_FN:
+                # the origin and the end of the trace come from the rows that are always decoded,
+                # so that both ways of reading a file give the same times
+                if ts < t0:
+                    t0 = ts
+                if ts + dur > t1:
+                    t1 = ts + dur
+            if kind is None:
+                continue
+            if kind == _CPU_OP:
+                # torch < 1.11 wrote ProfilerStep#N as a cpu_op
+                nm = ev.get("name")
+                if type(nm) is str and nm.startswith("ProfilerStep#"):
+                    _step_span(c, nm, ts, dur)
+                continue
+            if kind == _GPU_KERNEL:
+                args = ev.get("args")
+                if type(args) is not dict:
+                    args = _args(ev, here, name)
+                pid = args.get("device")
+                if pid is None:
+                    pid = ev.get("pid")
+                tid = args.get("stream")
+                if tid is None:
+                    tid = ev.get("tid")
+                try:
+                    lane = lanes[(pid, tid, True)]
+                except (KeyError, TypeError):
+                    lane = lane_of(pid, tid, True)
+                k_ts(ts)
+                k_dur(dur)
+                k_lane(lane)
+                k_corr(_corr(args))
+                continue
+            if kind == _RUNTIME:  # the kernel branch's shape again, inline on purpose (hot path)
+                args = ev.get("args")
+                if type(args) is not dict:
+                    args = _args(ev, here, name)
+                corr = _corr(args)
+                pid, tid = ev.get("pid"), ev.get("tid")
+                try:
+                    lane = lanes[(pid, tid, False)]
+                except (KeyError, TypeError):
+                    lane = lane_of(pid, tid, False)
+                r_corr(corr)
+                r_ts(ts)
+                r_lane(lane)
+                nm = ev.get("name")
+                if type(nm) is str and (nm.startswith("cudaMemcpy") or nm.startswith("cuMemcpy")):
+                    c.memcpy_calls.append((nm, ts, dur, lane, corr))
+                continue
+            _named_row(c, ev, kind, cat, ts, dur, lane_of, match, module_match)
+        if cpu_marks:  # a Kineto block: rows framed but never decoded
+            decoded_cpu = by_cat.get("cpu_op", 0) - cpu_before
+            by_cat["cpu_op"] = cpu_before + cpu_marks
+            c.unused += n_events - len(pairs) - (cpu_marks - decoded_cpu)
+    c.t0, c.t1 = t0, t1
+    _count_devices(c)
+    return c
+
+
+def _count_devices(c: _Collected) -> None:
+    """Rows per device, from the GPU lanes of kernels and copies."""
+    lane_keys = c.lane_keys
+    per_lane = np.bincount(np.frombuffer(c.k_lane, dtype=np.int32), minlength=len(lane_keys)) \
+        if len(c.k_lane) else np.zeros(len(lane_keys), np.int64)
+    for x in c.copies:
+        per_lane[x[2]] += 1
+    for lane, n in enumerate(per_lane.tolist()):
+        if n and lane_keys[lane][2]:
+            c.devices[lane_keys[lane][0]] = c.devices.get(lane_keys[lane][0], 0) + n
