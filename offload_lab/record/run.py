@@ -288,3 +288,9 @@ class Run:
         return self.meta == other.meta and all(
             getattr(self, n).equals(getattr(other, n)) for n in ("events", "layers", "steps", "memory")
         )
+
+    def to_chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
+        """The run as Chrome trace-event JSON for Perfetto (see :mod:`offload_lab.record.chrome_trace`)."""
+        from offload_lab.record.chrome_trace import to_chrome_trace
+
+        return to_chrome_trace(self, path)
