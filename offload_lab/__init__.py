@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -33,6 +33,7 @@ _EXPORTS = {
     "Run": "record.run",
     "OffloadManager": "record.runtime", "offload": "record.runtime", "profile": "record.runtime",
     "observe": "record.observer", "from_torch_profiler": "record.kineto",
+    "to_chrome_trace": "record.chrome_trace",
     "compare": "analysis.summary", "bound": "analysis.summary", "metrics": "analysis.summary",
     "DeviceProfile": "simulation.engine", "simulate": "simulation.engine",
     "calibrate": "simulation.engine",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv for offload-lab on a fresh machine (idempotent).
-#   bash scripts/setup.sh          runtime dependencies
-#   bash scripts/setup.sh --dev    plus test tools (pytest, ruff, nbclient, playwright, chromium)
+#   bash scripts/setup.sh          the package with its notebook extra (widgets, the magic, JupyterLab)
+#   bash scripts/setup.sh --dev    plus test and docs tools (pytest, ruff, nbclient, playwright,
+#                                  mkdocs, build; Debian chromium)
 # torch: an importable torch is kept as it is (the venv sees system packages); otherwise the
 # CPU build 2.13.0 is installed, which pip takes from local disk where it lies, instead of
 # letting an unpinned dependency pull a multi-GB CUDA build.
@@ -27,5 +28,6 @@ if [ "$dev" = 1 ]; then
       || echo "setup: chromium could not be installed; browser tests will fail" >&2
   fi
 else
-  $pip install -q -e .
+  # a checkout is for the notebooks too; `pip install offload-lab` alone stays without them
+  $pip install -q -e ".[notebook]"
 fi

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from offload_lab import __version__
+from offload_lab.cli import export
 from offload_lab.units import SizeError, format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -314,6 +315,7 @@ commands:
   simulate   predict a plan's timeline on a device profile and save the simulated run
   report     one offline HTML report from saved runs
   catalog    the shipped models and device profiles
+  export     a saved run as a Chrome trace for Perfetto / chrome://tracing
 
 examples:
   offload-lab demo
@@ -454,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", metavar="NAME", help="show one model's details")
     p.add_argument("--devices", action="store_true", help="list the device profiles")
     p.set_defaults(func=cmd_catalog)
+    export.add_parser(sub)
     return parser
 
 
@@ -1148,7 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("no command given; choose one of demo, plan, profile, simulate, report, catalog")
+        parser.error("no command given; choose one of demo, plan, profile, simulate, report, catalog, export")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

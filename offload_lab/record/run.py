@@ -298,6 +298,12 @@ class Run:
             getattr(self, n).equals(getattr(other, n)) for n in ("events", "layers", "steps", "memory")
         )
 
+    def to_chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
+        """The run as Chrome trace-event JSON for Perfetto (see :mod:`offload_lab.record.chrome_trace`)."""
+        from offload_lab.record.chrome_trace import to_chrome_trace
+
+        return to_chrome_trace(self, path)
+
 
 def _zip_path(path: Path) -> Path:
     return path if path.suffix == ".zip" else path.with_name(path.name + ".zip")

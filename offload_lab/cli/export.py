@@ -1,0 +1,103 @@
+"""``offload-lab export RUN --format chrome-trace``: a saved run as a file other tools open.
+
+``chrome-trace`` writes the Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and
+``chrome://tracing`` open: one track per stream per rank, one slice per interval named
+``group.layer``, memory counters (:mod:`offload_lab.record.chrome_trace`). An existing file is
+never overwritten without ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FORMATS", "ExportError", "add_parser", "run", "default_out"]
+
+#: format name -> the suffix its files get by default
+FORMATS = {"chrome-trace": ".trace.json"}
+
+_EPILOG = """\
+examples:
+  offload-lab export pinned.zip --format chrome-trace              # writes pinned.trace.json
+  offload-lab export sim.zip --format chrome-trace --out sim.json.gz --force
+
+RUN is a run saved by offload-lab profile / simulate or Run.save, or a torch.profiler trace
+(.json, .json.gz). Open the file at https://ui.perfetto.dev or chrome://tracing."""
+
+
+class ExportError(ValueError):
+    """An export the command cannot do: a missing run, an output that exists, ..."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``export`` subcommand to ``subparsers`` (``ArgumentParser.add_subparsers()``).
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="offload-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["export", "run.zip", "--format", "chrome-trace"])
+    >>> args.command, args.run, args.format, args.out, args.force
+    ('export', 'run.zip', 'chrome-trace', None, False)
+    """
+    p = subparsers.add_parser(
+        "export", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
+        help="a saved run as a Chrome trace (Perfetto, chrome://tracing)",
+        description="Write a saved run in a format other tools open.")
+    p.add_argument("run", metavar="RUN", help="a saved run (RUN.zip) or a torch.profiler trace")
+    p.add_argument("--format", required=True, choices=sorted(FORMATS),
+                   help="chrome-trace: trace-event JSON for Perfetto and chrome://tracing")
+    p.add_argument("--out", metavar="PATH",
+                   help="output file (default: RUN with .trace.json; a .gz name is compressed)")
+    p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
+    p.set_defaults(func=run)
+    return p
+
+
+def default_out(run_path: str, fmt: str) -> Path:
+    """Where ``export`` writes when ``--out`` is not given: beside RUN, with the format's suffix.
+
+    >>> str(default_out("runs/pinned.zip", "chrome-trace"))
+    'runs/pinned.trace.json'
+    >>> str(default_out("trace.json.gz", "chrome-trace"))
+    'trace.trace.json'
+    """
+    p = Path(run_path)
+    stem = p.name
+    for suffix in (".json.gz", ".json", ".zip"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return p.with_name(stem + FORMATS[fmt])
+
+
+def _load(path: Path) -> Any:
+    from offload_lab.record.run import Run
+
+    if path.is_dir() or not path.exists():
+        raise ExportError(f"run {str(path)!r} is not a file; accepted: a RUN.zip written by "
+                          f"offload-lab profile / simulate or Run.save, or a torch.profiler trace")
+    if path.name.endswith((".json", ".json.gz")):
+        from offload_lab.record.kineto import from_torch_profiler
+
+        return from_torch_profiler(path)
+    return Run.load(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``offload-lab export``; returns the exit status (0)."""
+    src = Path(args.run)
+    out = Path(args.out) if args.out else default_out(args.run, args.format)
+    if out.exists() and out.resolve() == src.resolve():
+        raise ExportError(f"--out {str(out)!r} is the run itself; choose another path")
+    if out.exists() and not args.force:
+        raise ExportError(f"{str(out)!r} exists; pass --force to overwrite it, or choose --out")
+    if out.is_dir():
+        raise ExportError(f"--out {str(out)!r} is a directory; accepted: a file path")
+    loaded = _load(src)
+    trace = loaded.to_chrome_trace(out)
+    n = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
+    kind = "simulated" if loaded.simulated else "measured"
+    print(f"wrote {out.resolve()}: {n} intervals of {loaded.label!r} ({kind}); "
+          f"open it at https://ui.perfetto.dev or chrome://tracing", flush=True)
+    return 0
