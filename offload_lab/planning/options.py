@@ -201,9 +201,10 @@ def _size_arg(what: str) -> Callable[[str], int]:
     return parse
 
 
-def add_plan_arguments(parser: Any, host_help: str = "default: probe this machine") -> Any:
+def add_plan_arguments(parser: Any, host_help: str | None = "default: probe this machine") -> Any:
     """Add the plan options (``-b/--pin-budget``, ``--host``, ``--resident``, ``--residency``,
     ``--order``, ``-p/--prefetch``, ``--tier``) to an argparse parser; returns their group.
+    ``host_help=None`` leaves ``--host`` out (a surface that runs on this machine plans for it).
 
     >>> p = argparse.ArgumentParser(); _ = add_plan_arguments(p)
     >>> p.parse_args(["-b", "8GiB", "-p", "2"]).prefetch
@@ -213,8 +214,9 @@ def add_plan_arguments(parser: Any, host_help: str = "default: probe this machin
     g.add_argument("-b", "--pin-budget", type=_arg(parse_budget, "pin budget"), metavar="SIZE",
                    help="most host memory to page-lock, e.g. 8GiB (default or 'all': everything "
                         "the host can spend)")
-    g.add_argument("--host", type=_size_arg("host"), metavar="SIZE",
-                   help=f"plan for a hypothetical host with SIZE available, e.g. 64GiB ({host_help})")
+    if host_help is not None:
+        g.add_argument("--host", type=_size_arg("host"), metavar="SIZE",
+                       help=f"plan for a hypothetical host with SIZE available, e.g. 64GiB ({host_help})")
     g.add_argument("--resident", type=_arg(parse_resident, "resident"), default=0,
                    metavar="N|FRACTION|IDS",
                    help="layers kept on the device: a count per group, a fraction such as 0.5, "
@@ -237,7 +239,7 @@ def add_plan_arguments(parser: Any, host_help: str = "default: probe this machin
 
 
 def add_run_arguments(parser: Any, steps_default: int | None = None, backend: bool = True,
-                      warmup_default: int = 1) -> Any:
+                      warmup_default: int | None = 1) -> Any:
     """Add the run options (``-n/--steps``, ``--warmup``, and with ``backend`` also
     ``--backend``) to an argparse parser; returns their group.
 
@@ -252,7 +254,8 @@ def add_run_arguments(parser: Any, steps_default: int | None = None, backend: bo
                    help=f"measured steps per run, at most {MAX_STEPS}{default}")
     g.add_argument("--warmup", type=_arg(parse_count, "warmup", "warmup", 0, MAX_STEPS),
                    default=warmup_default, metavar="N",
-                   help=f"steps run first and dropped (default {warmup_default})")
+                   help="steps run first and dropped (default "
+                        + ("chosen" if warmup_default is None else str(warmup_default)) + ")")
     if backend:
         g.add_argument("--backend", type=_arg(parse_choice, "backend", "backend", BACKENDS),
                        default="auto", metavar="|".join(BACKENDS),
