@@ -34,9 +34,9 @@ from offload_lab.planning.options import (
     MAX_LAYERS,
     MAX_PASSES,
     STRATEGIES,
-    _arg,
     add_plan_arguments,
     add_run_arguments,
+    argparse_type,
     parse_choice,
     parse_count,
     parse_tokens,
@@ -118,7 +118,7 @@ def _scale_type(text: str) -> float:
 
 
 def _count(what: str, lo: int, hi: int) -> object:
-    return _arg(parse_count, what, what, lo, hi)
+    return argparse_type(parse_count, what, what, lo, hi)
 
 
 def _threads(parser: argparse.ArgumentParser) -> None:
@@ -260,9 +260,9 @@ def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--scale", type=_scale_type, metavar="S", help="width scale in (0, 1] (default: chosen)")
     p.add_argument("--layers", type=_count("layers", 1, MAX_LAYERS), metavar="N",
                    help="layers per group (default: chosen)")
-    p.add_argument("--tokens", type=_arg(parse_tokens, "tokens"), metavar="480p|N",
+    p.add_argument("--tokens", type=argparse_type(parse_tokens, "tokens"), metavar="480p|N",
                    help="video tokens or a resolution (default: chosen for this machine)")
-    p.add_argument("--init", type=_arg(parse_choice, "init", "init", STRATEGIES), default="grouped",
+    p.add_argument("--init", type=argparse_type(parse_choice, "init", "init", STRATEGIES), default="grouped",
                    metavar="|".join(STRATEGIES), help="group initialisation strategy (default grouped)")
     p.add_argument("--label", help="run label (default: from the tiers)")
     p.add_argument("--out", required=True, metavar="RUN.zip", help="where to save the run")
@@ -280,7 +280,7 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
     add_run_arguments(p, backend=False, warmup_default=0)
     p.add_argument("--device", required=True, metavar="NAME|PATH",
                    help="device profile: a shipped name (offload-lab catalog --devices) or a JSON file")
-    p.add_argument("--tokens", type=_arg(parse_tokens, "tokens"), metavar="480p|N",
+    p.add_argument("--tokens", type=argparse_type(parse_tokens, "tokens"), metavar="480p|N",
                    help="video tokens or a resolution (default: the model's smallest, 480p)")
     p.add_argument("--passes", type=_count("passes", 1, MAX_PASSES), default=1, metavar="N",
                    help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")

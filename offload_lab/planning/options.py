@@ -25,7 +25,7 @@ __all__ = [
     "TIERS", "FORCED_TIERS", "ORDERS", "RESIDENCIES", "STRATEGIES", "BACKENDS",
     "MAX_STEPS", "MAX_TOKENS", "MAX_PASSES", "MAX_PREFETCH", "MAX_LAYERS", "OptionError",
     "parse_budget", "parse_count", "parse_tokens", "parse_resident", "parse_order",
-    "parse_tiers", "parse_choice", "add_plan_arguments", "add_run_arguments", "plan_kwargs",
+    "parse_tiers", "parse_choice", "argparse_type", "add_plan_arguments", "add_run_arguments", "plan_kwargs",
 ]
 
 TIERS = ("resident", "pinned", "pageable", "mapped")
@@ -180,8 +180,15 @@ def parse_tiers(text: Any) -> list[str]:
 
 
 # -- argparse ------------------------------------------------------------------------------------
-def _arg(fn: Callable[..., Any], name: str, *args: Any) -> Callable[[str], Any]:
-    """``fn`` as an argparse type: an :class:`OptionError` becomes argparse's own message."""
+def argparse_type(fn: Callable[..., Any], name: str, *args: Any) -> Callable[[str], Any]:
+    """``fn(text, *args)`` as an argparse type: an :class:`OptionError` becomes argparse's own
+    one-line message (argparse would otherwise say only "invalid value").
+
+    >>> p = argparse.ArgumentParser()
+    >>> _ = p.add_argument("--tiers", type=argparse_type(parse_tiers, "tiers"))
+    >>> p.parse_args(["--tiers", "pinned,mapped"]).tiers
+    ['pinned', 'mapped']
+    """
     def parse(text: str) -> Any:
         try:
             return fn(text, *args)
@@ -211,28 +218,28 @@ def add_plan_arguments(parser: Any, host_help: str | None = "default: probe this
     2
     """
     g = parser.add_argument_group("plan options")
-    g.add_argument("-b", "--pin-budget", type=_arg(parse_budget, "pin budget"), metavar="SIZE",
+    g.add_argument("-b", "--pin-budget", type=argparse_type(parse_budget, "pin budget"), metavar="SIZE",
                    help="most host memory to page-lock, e.g. 8GiB (default or 'all': everything "
                         "the host can spend)")
     if host_help is not None:
         g.add_argument("--host", type=_size_arg("host"), metavar="SIZE",
                        help=f"plan for a hypothetical host with SIZE available, e.g. 64GiB ({host_help})")
-    g.add_argument("--resident", type=_arg(parse_resident, "resident"), default=0,
+    g.add_argument("--resident", type=argparse_type(parse_resident, "resident"), default=0,
                    metavar="N|FRACTION|IDS",
                    help="layers kept on the device: a count per group, a fraction such as 0.5, "
                         "or layer ids such as 0,1 or blocks.0,blocks.1 (default 0)")
-    g.add_argument("--residency", type=_arg(parse_choice, "residency", "residency", RESIDENCIES),
+    g.add_argument("--residency", type=argparse_type(parse_choice, "residency", "residency", RESIDENCIES),
                    default="leading", metavar="|".join(RESIDENCIES),
                    help="which layers a resident count keeps: the first ones or spread evenly "
                         "(default leading)")
-    g.add_argument("--order", type=_arg(parse_order, "order"), default="execution",
+    g.add_argument("--order", type=argparse_type(parse_order, "order"), default="execution",
                    metavar="POLICY|IDS",
                    help=f"who gets pins first: {', '.join(ORDERS)}, or ids such as 3,1,2 "
                         f"(default execution)")
-    g.add_argument("-p", "--prefetch", type=_arg(parse_count, "prefetch", "prefetch", 0, MAX_PREFETCH),
+    g.add_argument("-p", "--prefetch", type=argparse_type(parse_count, "prefetch", "prefetch", 0, MAX_PREFETCH),
                    default=1, metavar="N",
                    help="streamed layers in flight ahead of the running one (default 1; 0 = load at use)")
-    g.add_argument("--tier", type=_arg(parse_choice, "tier", "tier", FORCED_TIERS), default=None,
+    g.add_argument("--tier", type=argparse_type(parse_choice, "tier", "tier", FORCED_TIERS), default=None,
                    metavar="|".join(FORCED_TIERS),
                    help="force every streamed layer into one tier (default: the planner's choice)")
     return g
@@ -249,15 +256,15 @@ def add_run_arguments(parser: Any, steps_default: int | None = None, backend: bo
     """
     g = parser.add_argument_group("run options")
     default = "" if steps_default is None else f" (default {steps_default})"
-    g.add_argument("-n", "--steps", type=_arg(parse_count, "steps", "steps", 1, MAX_STEPS),
+    g.add_argument("-n", "--steps", type=argparse_type(parse_count, "steps", "steps", 1, MAX_STEPS),
                    default=steps_default, metavar="N",
                    help=f"measured steps per run, at most {MAX_STEPS}{default}")
-    g.add_argument("--warmup", type=_arg(parse_count, "warmup", "warmup", 0, MAX_STEPS),
+    g.add_argument("--warmup", type=argparse_type(parse_count, "warmup", "warmup", 0, MAX_STEPS),
                    default=warmup_default, metavar="N",
                    help="steps run first and dropped (default "
                         + ("chosen" if warmup_default is None else str(warmup_default)) + ")")
     if backend:
-        g.add_argument("--backend", type=_arg(parse_choice, "backend", "backend", BACKENDS),
+        g.add_argument("--backend", type=argparse_type(parse_choice, "backend", "backend", BACKENDS),
                        default="auto", metavar="|".join(BACKENDS),
                        help="cuda when a GPU is there, else cpu (default auto)")
     return g
