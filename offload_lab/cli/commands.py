@@ -352,6 +352,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     from offload_lab.model import catalog
     from offload_lab.simulation import engine as sim
 
+    if args.name is not None and not args.name.strip():
+        raise CliError(f"catalog NAME '' is empty; accepted: one of {', '.join(catalog.names())}, "
+                       f"or no NAME to list them all")
     if args.devices:
         if args.name:
             raise CliError("catalog takes a model NAME or --devices, not both")
