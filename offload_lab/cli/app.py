@@ -126,7 +126,9 @@ def _threads(parser: argparse.ArgumentParser) -> None:
                         help="torch intra-op threads on the cpu backend (default: every core)")
 
 
-def _force(parser: argparse.ArgumentParser) -> None:
+def _output(parser: argparse.ArgumentParser, help: str, **kwargs: object) -> None:
+    """``--out`` and ``--force``: every command that writes follows the same overwrite rule."""
+    parser.add_argument("--out", help=help, **kwargs)
     parser.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
@@ -217,44 +219,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = "offload_lab.cli.commands"
+_MODEL_HELP = "catalog name, .safetensors file/dir/index, or spec JSON"
+_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", **{n: f"{_COMMANDS}:cmd_{n}" for n in
+                                                      ("plan", "profile", "simulate", "report", "catalog")}}
+
+
+def _command(sub: argparse._SubParsersAction, fmt: type, name: str, help: str,
+             description: str) -> argparse.ArgumentParser:
+    """A subcommand's parser; ``main`` imports its function only when it runs."""
+    p = sub.add_parser(name, formatter_class=fmt, epilog=_EPILOGS[name], help=help,
+                       description=description)
+    p.set_defaults(func=_FUNCS[name])
+    return p
+
+
+def _model_command(sub: argparse._SubParsersAction, fmt: type, name: str, help: str,
+                   description: str, model_help: str = _MODEL_HELP,
+                   host_help: str = "default: probe this machine") -> argparse.ArgumentParser:
+    """A subcommand of a MODEL with the plan options."""
+    p = _command(sub, fmt, name, help, description)
+    p.add_argument("model", metavar="MODEL", help=model_help)
+    add_plan_arguments(p, host_help=host_help)
+    return p
 
 
 def _add_demo(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = sub.add_parser("demo", formatter_class=fmt, epilog=_EPILOGS["demo"],
-                       help="the main job: measured and simulated runs of a catalog model, one HTML report",
-                       description="Profile a catalog model, scaled to this machine, under all-pinned,\n"
-                                   "all-pageable, mapped and half-pinned plans; add simulated runs of\n"
-                                   "the full-size model; write one offline HTML report.")
+    p = _command(sub, fmt, "demo", "the main job: measured and simulated runs of a catalog model, one HTML report",
+                 "Profile a catalog model, scaled to this machine, under all-pinned,\n"
+                 "all-pageable, mapped and half-pinned plans; add simulated runs of\n"
+                 "the full-size model; write one offline HTML report.")
     add_run_arguments(p, warmup_default=None)
     _threads(p)
     p.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME",
                    help=f"catalog model (default {DEFAULT_MODEL})")
-    p.add_argument("--out", default=DEFAULT_REPORT, metavar="PATH",
-                   help=f"report file (default {DEFAULT_REPORT})")
     p.add_argument("--quick", action="store_true",
                    help="fewer layers, tokens and steps (a smoke test; seconds, not a measurement)")
     p.add_argument("--save-runs", metavar="DIR", help="also save every run as DIR/<name>.zip")
-    _force(p)
-    p.set_defaults(func="offload_lab.cli.demo:cmd_demo")
+    _output(p, f"report file (default {DEFAULT_REPORT})", default=DEFAULT_REPORT, metavar="PATH")
 
 
 def _add_plan(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = sub.add_parser("plan", formatter_class=fmt, epilog=_EPILOGS["plan"],
-                       help="where each layer would live, and why",
-                       description="Plan where each layer's weights live between uses: the per-layer\n"
-                                   "table with reasons, the budget ledger and warnings.")
-    p.add_argument("model", metavar="MODEL", help="catalog name, .safetensors file/dir/index, or spec JSON")
-    add_plan_arguments(p)
+    p = _model_command(sub, fmt, "plan", "where each layer would live, and why",
+                       "Plan where each layer's weights live between uses: the per-layer\n"
+                       "table with reasons, the budget ledger and warnings.")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.from_dict reads it)")
-    p.set_defaults(func=f"{_COMMANDS}:cmd_plan")
 
 
 def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = sub.add_parser("profile", formatter_class=fmt, epilog=_EPILOGS["profile"],
-                       help="measure a synthetic model under a plan",
-                       description="Run a synthetic model of MODEL under a plan and save the measured Run.")
-    p.add_argument("model", metavar="MODEL", help="catalog name, spec JSON, or a synthetic checkpoint")
-    add_plan_arguments(p)
+    p = _model_command(sub, fmt, "profile", "measure a synthetic model under a plan",
+                       "Run a synthetic model of MODEL under a plan and save the measured Run.",
+                       model_help="catalog name, spec JSON, or a synthetic checkpoint")
     add_run_arguments(p)
     _threads(p)
     p.add_argument("--scale", type=_scale_type, metavar="S", help="width scale in (0, 1] (default: chosen)")
@@ -265,18 +279,13 @@ def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--init", type=argparse_type(parse_choice, "init", "init", STRATEGIES), default="grouped",
                    metavar="|".join(STRATEGIES), help="group initialisation strategy (default grouped)")
     p.add_argument("--label", help="run label (default: from the tiers)")
-    p.add_argument("--out", required=True, metavar="RUN.zip", help="where to save the run")
-    _force(p)
-    p.set_defaults(func=f"{_COMMANDS}:cmd_profile")
+    _output(p, "where to save the run", required=True, metavar="RUN.zip")
 
 
 def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = sub.add_parser("simulate", formatter_class=fmt, epilog=_EPILOGS["simulate"],
-                       help="predict a plan's timeline on a device profile",
-                       description="Simulate a plan of MODEL on a device profile; the run is labelled\n"
-                                   "simulated.")
-    p.add_argument("model", metavar="MODEL", help="catalog name, .safetensors file/dir/index, or spec JSON")
-    add_plan_arguments(p, host_help=f"default: {SIM_HOST}, not this machine")
+    p = _model_command(sub, fmt, "simulate", "predict a plan's timeline on a device profile",
+                       "Simulate a plan of MODEL on a device profile; the run is labelled\n"
+                       "simulated.", host_help=f"default: {SIM_HOST}, not this machine")
     add_run_arguments(p, backend=False, warmup_default=0)
     p.add_argument("--device", required=True, metavar="NAME|PATH",
                    help="device profile: a shipped name (offload-lab catalog --devices) or a JSON file")
@@ -285,31 +294,24 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--passes", type=_count("passes", 1, MAX_PASSES), default=1, metavar="N",
                    help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
     p.add_argument("--label", help="run label (always ends with '(simulated)')")
-    p.add_argument("--out", metavar="RUN.zip", help="where to save the run (default: print only)")
-    _force(p)
-    p.set_defaults(func=f"{_COMMANDS}:cmd_simulate")
+    _output(p, "where to save the run (default: print only)", metavar="RUN.zip")
 
 
 def _add_report(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = sub.add_parser("report", formatter_class=fmt, epilog=_EPILOGS["report"],
-                       help="an offline HTML report from saved runs",
-                       description="Write one self-contained HTML report from saved runs.")
+    p = _command(sub, fmt, "report", "an offline HTML report from saved runs",
+                 "Write one self-contained HTML report from saved runs.")
     p.add_argument("runs", nargs="+", metavar="RUN.zip",
                    help="saved runs (or directories of them), or torch.profiler traces (.json, .json.gz)")
-    p.add_argument("--out", default=DEFAULT_REPORT, metavar="PATH", help=f"report file (default {DEFAULT_REPORT})")
     p.add_argument("--title", help="report title")
     p.add_argument("--plan", metavar="PLAN.json", help="a plan (offload-lab plan --json) to show with the runs")
-    _force(p)
-    p.set_defaults(func=f"{_COMMANDS}:cmd_report")
+    _output(p, f"report file (default {DEFAULT_REPORT})", default=DEFAULT_REPORT, metavar="PATH")
 
 
 def _add_catalog(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = sub.add_parser("catalog", formatter_class=fmt, epilog=_EPILOGS["catalog"],
-                       help="the shipped models and device profiles",
-                       description="List the shipped models (or one model's details) and device profiles.")
+    p = _command(sub, fmt, "catalog", "the shipped models and device profiles",
+                 "List the shipped models (or one model's details) and device profiles.")
     p.add_argument("name", nargs="?", metavar="NAME", help="show one model's details")
     p.add_argument("--devices", action="store_true", help="list the device profiles")
-    p.set_defaults(func=f"{_COMMANDS}:cmd_catalog")
 
 
 # -- entry point --------------------------------------------------------------------------------

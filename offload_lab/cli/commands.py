@@ -57,6 +57,8 @@ def resolve_spec(text: str) -> tuple[ModelSpec, str]:
         return catalog.load(key), "catalog"
     accepted = (f"a catalog name ({', '.join(known)}), a .safetensors file, a directory of them, "
                 f"a *.safetensors.index.json, or a model spec JSON")
+    if not text.strip():
+        raise CliError(f"MODEL '' is empty; accepted: {accepted}")
     if not p.exists():
         raise CliError(f"MODEL {text!r} is not a catalog model nor an existing file; accepted: {accepted}")
     if p.is_dir() or p.name.endswith(".safetensors") or p.name.endswith(".index.json"):
@@ -284,6 +286,9 @@ def _run_paths(items: Sequence[str]) -> list[Path]:
     paths: list[Path] = []
     for item in items:
         p = Path(item)
+        if not item.strip():
+            raise CliError("run '' is empty; accepted: RUN.zip files written by offload-lab profile / "
+                           "simulate or Run.save, or directories of them")
         if p.is_dir():
             found = sorted(p.glob("*.zip"))
             if not found:
