@@ -203,7 +203,12 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, report, catalog)."""
+    """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, report, catalog).
+
+    >>> args = build_parser().parse_args(["simulate", "minimax-h3", "--device", "h200", "-b", "8GiB"])
+    >>> args.command, args.pin_budget == 8 * 2**30, args.force
+    ('simulate', True, False)
+    """
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog=PROG, formatter_class=fmt, epilog=_EPILOGS["main"],
                      description="See, predict and tune layer-wise weight offload in diffusion-model inference.")
@@ -329,7 +334,13 @@ def _os_message(e: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``offload-lab`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    """Run ``offload-lab`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Bad input returns 2 after one line on stderr.
+
+    >>> main(["catalog", "no-such-model"])
+    2
+    """
     # OpenMP workers that spin-wait for each other stall a whole step (10-50×, seen on a busy
     # 2-core machine) when one of their cores is taken by the copy-engine thread or another
     # process; waiting passively keeps cpu-backend timings steady. It must be set before torch

@@ -213,7 +213,14 @@ def _slug(text: str) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``offload-lab demo``: measured runs of a scaled model, simulated full-size runs, one report."""
+    """``offload-lab demo``: measured runs of a scaled model, simulated full-size runs, one report.
+
+    It takes about a minute on a small machine, so the example is not run here:
+
+    >>> from offload_lab.cli.app import build_parser
+    >>> cmd_demo(build_parser().parse_args(["demo", "--quick", "--out", "/tmp/r.html"]))  # doctest: +SKIP
+    0
+    """
     # every output is checked before minutes of work, not after
     out = check_output(args.out, args.force)
     save_dir = check_output_dir(args.save_runs, args.force) if args.save_runs is not None else None

@@ -21,7 +21,12 @@ __all__ = ["layer_id", "resident_sets", "streamed_order"]
 
 
 def layer_id(item: Any, spec: ModelSpec, what: str) -> tuple[str, int]:
-    """``3`` (single-group models), ``"3"`` or ``"blocks.3"`` -> (group, index)."""
+    """``3`` (single-group models), ``"3"`` or ``"blocks.3"`` -> (group, index).
+
+    >>> from offload_lab import catalog
+    >>> layer_id("blocks.3", catalog.load("minimax-h3"), "order")
+    ('blocks', 3)
+    """
     names = spec.group_names
     accepted = (f"layer ids as ints (single-group models) or names such as "
                 f"'{names[-1]}.0' (groups: {names})")
@@ -84,7 +89,12 @@ def _count_of(value: Any, n: int, what: str) -> int | None:
 def resident_sets(
     spec: ModelSpec, resident: Any, residency: str
 ) -> dict[str, tuple[set[int], str]]:
-    """{group: (resident indices, how)} where ``how`` reads like ``"leading 35 of 50"``."""
+    """{group: (resident indices, how)} where ``how`` reads like ``"leading 35 of 50"``.
+
+    >>> from offload_lab import catalog
+    >>> resident_sets(catalog.load("minimax-h3"), 35, "strided")["blocks"][1]
+    'strided 35 of 50'
+    """
     out: dict[str, tuple[set[int], str]] = {g.name: (set(), "") for g in spec.groups}
     accepted = ("a count, a fraction in (0, 1], layer ids (3 or 'blocks.3'), or a dict "
                 "{group: count | fraction | indices}")
@@ -176,7 +186,13 @@ def streamed_order(
     spec: ModelSpec, init_order: list[str], streamed: dict[str, list[int]], order: Any,
     byte_of: dict[tuple[str, int], int],
 ) -> list[tuple[str, int]]:
-    """The order in which streamed layers are offered pins."""
+    """The order in which streamed layers are offered pins.
+
+    >>> from offload_lab import catalog
+    >>> spec = catalog.load("wan2.1-t2v-1.3b")
+    >>> streamed_order(spec, ["blocks"], {"blocks": [0, 1, 2, 3]}, "strided", {})
+    [('blocks', 0), ('blocks', 2), ('blocks', 1), ('blocks', 3)]
+    """
     default = [(g, i) for g in init_order for i in streamed[g]]
     if isinstance(order, str):
         check_choice(order, "order", ORDERS, " or an explicit list of layer ids such as [3, 1] "
