@@ -76,11 +76,10 @@ def resolve_spec(text: str) -> tuple[ModelSpec, str]:
 
 def _make_plan(spec: ModelSpec, args: argparse.Namespace, host: Any = None, **overrides: Any) -> Plan:
     """plan() from the plan options; warnings are kept in ``Plan.warnings`` and printed by us."""
-    from offload_lab.planning.hostmem import HostMemory
     from offload_lab.planning.planner import PlanWarning, plan
 
     if getattr(args, "host", None) is not None:
-        host = HostMemory(available=args.host)
+        host = args.host  # plan() reads a size as a hypothetical host, like every surface
     kwargs = {**plan_kwargs(args), "host": host, **overrides}
     with warnings.catch_warnings():
         # the CLI prints Plan.warnings itself, once and readably

@@ -18,7 +18,7 @@ from offload_lab.planning.options import FORCED_TIERS, RESIDENCIES
 from offload_lab.planning.placement import resident_sets, streamed_order
 from offload_lab.units import SizeError, format_bytes, parse_size
 
-__all__ = ["STORE_ALIGNMENT", "store_buffers", "store_bytes"]
+__all__ = ["STORE_ALIGNMENT", "store_bytes"]
 
 STORE_ALIGNMENT = 256  # bytes; each tensor slice of a packed store starts on this boundary
 _OVER = "host would exceed available − reserve"
@@ -27,19 +27,6 @@ _OVER = "host would exceed available − reserve"
 # -- per-layer bytes ----------------------------------------------------------------------------
 def _align(n: int) -> int:
     return -(-n // STORE_ALIGNMENT) * STORE_ALIGNMENT
-
-
-def store_buffers(layer: LayerSpec) -> dict[str, int]:
-    """Bytes of each per-dtype buffer of a layer's packed host store (slices aligned).
-
-    >>> from offload_lab import catalog
-    >>> store_buffers(catalog.load("minimax-h3").group("blocks").layers[0])
-    {'bfloat16': 1291143680}
-    """
-    out: dict[str, int] = {}
-    for t in layer.tensors:
-        out[t.dtype] = out.get(t.dtype, 0) + _align(t.nbytes)
-    return out
 
 
 def store_bytes(layer: LayerSpec) -> tuple[int, int]:

@@ -63,7 +63,6 @@ from offload_lab.planning.grants import (
     _parse,
     _solve,
     _Unit,
-    store_buffers,
     store_bytes,
 )
 from offload_lab.planning.hostmem import HostMemory, HostMemoryError, resolve_host, rounded_size
@@ -75,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TIERS", "FORCED_TIERS", "ORDERS", "RESIDENCIES", "STRATEGIES", "STORE_ALIGNMENT",
-    "Plan", "PlanError", "PlanSizeError", "PlanWarning", "plan", "store_buffers", "store_bytes", "pinned_footprint",
+    "Plan", "PlanError", "PlanSizeError", "PlanWarning", "plan", "store_bytes", "pinned_footprint",
 ]
 
 LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank", "reason"]
