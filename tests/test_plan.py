@@ -1,4 +1,4 @@
-"""The planner: every rule of DESIGN §4 has a test here that fails when the rule is removed."""
+"""The planner: each of its rules (module doc of offload_lab.planning.planner) has a test that fails without it."""
 
 from __future__ import annotations
 
