@@ -1,4 +1,4 @@
-"""Host memory: the reserve rule, probing (psutil, cgroup, /proc), file-backed tensors, pin ledger."""
+"""Host memory: the reserve rule, probing (psutil, cgroup, /proc), file-backed tensors, rounding."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from offload_lab.planning import hostmem
 from offload_lab.planning.hostmem import (
     HostMemory,
     HostMemoryError,
-    PinLedger,
     cgroup_memory,
     file_backed_checker,
     is_file_backed,
     process_memory,
+    resolve_host,
     rounded_size,
 )
 from offload_lab.units import SizeError
@@ -236,25 +236,29 @@ def test_rounded_size_exact_and_pow2():
         rounded_size(-5)
 
 
-def test_pin_ledger_counts_exact_bytes_and_refuses_past_its_limit():
-    ledger = PinLedger(limit="4GiB")
+def test_pow2_rounding_shows_how_a_caching_allocator_overcommits():
+    # 34 MiniMax-H3 blocks of 1.20 GiB: 40.9 GiB exactly, 68 GiB when each is rounded up
     block = 1_291_143_680
-    for i in range(3):
-        ledger.record(f"blocks.{i}", block)
-    assert ledger.total == 3 * block and len(ledger) == 3 and "blocks.1" in ledger
-    with pytest.raises(HostMemoryError, match=r"pinning 'blocks.3'.*over the limit 4.00 GiB"):
-        ledger.record("blocks.3", block)
-    assert ledger.release("blocks.0") == block
-    assert ledger.release("blocks.0") == 0
-    ledger.record("blocks.3", block)
-    with pytest.raises(HostMemoryError, match="already recorded"):
-        ledger.record("blocks.3", block)
-    assert json.loads(json.dumps(ledger.to_dict()))["total"] == 3 * block
+    exact = sum(rounded_size(block) for _ in range(34))
+    pow2 = sum(rounded_size(block, "pow2") for _ in range(34))
+    assert exact < 41 * GiB < 68 * GiB == pow2
 
 
-def test_pin_ledger_pow2_shows_how_rounding_overcommits():
-    exact, pow2 = PinLedger(), PinLedger(rounding="pow2")
-    for i in range(34):
-        exact.record(f"blocks.{i}", 1_291_143_680)
-        pow2.record(f"blocks.{i}", 1_291_143_680)
-    assert exact.total < 41 * GiB < 68 * GiB == pow2.total
+# -- one reading of host= -------------------------------------------------------------------------
+def test_resolve_host_reads_every_accepted_form():
+    given = HostMemory(available="8GiB")
+    assert resolve_host(given) is given
+    assert resolve_host("64GiB").available == 64 * GiB
+    assert resolve_host(given.to_dict()).available == 8 * GiB
+    assert resolve_host(None).source == "probe"
+    assert resolve_host(None, probe=False) is None
+    with pytest.raises(HostMemoryError, match=r"host \[1\] is not a HostMemory"):
+        resolve_host([1])
+
+
+# -- sizes too large to be hosts ---------------------------------------------------------------------
+@pytest.mark.parametrize("size", ["1e400", "1e308GiB", 1e400, "1e19", 2**70])
+def test_huge_sizes_are_one_line_size_errors(size):
+    with pytest.raises(SizeError, match="too large|not finite") as e:
+        HostMemory(available=size)
+    assert "\n" not in str(e.value)

@@ -73,6 +73,8 @@ SCRIPT = textwrap.dedent(r'''
         "cell": "offload_profile" in ip.magics_manager.magics["cell"],
     }
     out["help"] = cell("%offload_profile?")
+    out["dash_h"] = cell("%offload_profile -h")
+    out["dash_h_late"] = cell("%offload_profile -n 2 --help model model(**inputs)")
     out["line"] = cell("%offload_profile -n 2 --backend cpu model model(**inputs)")
     out["returned"] = cell("r = %offload_profile -q -o -n 2 --backend cpu model model(**inputs)")
     out["returned_info"] = probe("[type(r).__name__, len(r.steps), r.backend, r.simulated, "
@@ -87,6 +89,12 @@ SCRIPT = textwrap.dedent(r'''
     out["compare"] = cell("rs = %offload_profile -o -n 1 --compare pinned,pageable --backend cpu "
                           "model model(**inputs)")
     out["compare_info"] = probe("[[sorted(set(x.layers['tier'])) for x in rs], type(rs).__name__]")
+    out["tiers"] = cell("rs = %offload_profile -q -o -n 1 --warmup 0 --tiers pageable,pinned "
+                        "--backend cpu model model(**inputs)")
+    out["tiers_info"] = probe("[sorted(set(x.layers['tier'])) for x in rs]")
+    out["all_budget"] = cell("r = %offload_profile -q -o -n 1 --warmup 0 -b all --backend cpu "
+                             "model model(**inputs)")
+    out["all_budget_info"] = probe("r.meta['plan']['pin_budget']")
     out["quoted"] = cell("""%offload_profile -q -n 1 --warmup 0 --backend cpu model record("a  b", {"k": [1, 2]}, key='x y')""")
     out["quoted_info"] = probe("calls[-1]")
     out["cell"] = cell("%%offload_profile -q -o -n 2 --warmup 1 --backend cpu model\n"
@@ -113,6 +121,9 @@ SCRIPT = textwrap.dedent(r'''
         "tier_and_compare": "%offload_profile --tier pinned --compare pinned,pageable model model(**inputs)",
         "mapped_without_views": "%offload_profile --tier mapped model model(**inputs)",
         "bad_budget": "%offload_profile -b lots model model(**inputs)",
+        "huge_budget": "%offload_profile -b 1e400 model model(**inputs)",
+        "huge_steps": "%offload_profile -n 100000000 model model(**inputs)",
+        "bad_tiers": "%offload_profile --tiers pinned,pinned model model(**inputs)",
         "syntax": "%offload_profile model model(**inputs",
         "cell_extra": "%%offload_profile model model(**inputs)\nmodel(**inputs)\n",
     }
@@ -146,8 +157,25 @@ def test_load_ext_registers_a_line_and_cell_magic(results):
 def test_question_mark_prints_help(results):
     text = results["help"]["stdout"]
     for option in ("--pin-budget", "--prefetch", "--order", "--resident", "--tier", "--steps",
-                   "--warmup", "--compare", "--report", "-o", "-q", "MODEL", "STATEMENT"):
+                   "--warmup", "--tiers", "--compare", "--report", "-o", "-q", "MODEL", "STATEMENT"):
         assert option in text, option
+
+
+@pytest.mark.parametrize("key", ["dash_h", "dash_h_late"])
+def test_dash_h_prints_the_same_help_as_question_mark(results, key):
+    r = results[key]
+    assert r["success"], r
+    assert "UsageError" not in r["stdout"] + r["stderr"]
+    for option in ("--pin-budget", "--tiers", "--compare", "--steps", "MODEL", "STATEMENT"):
+        assert option in r["stdout"], option
+    assert r["mimetypes"] == []  # nothing was profiled
+
+
+def test_tiers_option_and_the_all_budget_match_the_cli(results):
+    assert results["tiers"]["success"], results["tiers"]
+    assert results["tiers_info"] == [["pageable"], ["pinned"]]
+    assert results["all_budget"]["success"], results["all_budget"]
+    assert results["all_budget_info"] is None
 
 
 def test_line_magic_displays_html_and_plain(results):
@@ -220,7 +248,10 @@ def test_ctrl_c_stops_cleanly_and_restores_the_model(results):
 
 
 @pytest.mark.parametrize("key, words", [
-    ("steps", ["--steps 0", "≥ 1"]),
+    ("steps", ["--steps", "'0'", "1..1000"]),
+    ("huge_steps", ["--steps", "'100000000'", "1..1000"]),
+    ("huge_budget", ["'1e400'", "too large"]),
+    ("bad_tiers", ["twice"]),
     ("unknown_option", ["--nope", "--pin-budget"]),
     ("no_statement", ["STATEMENT is missing"]),
     ("no_model", ["MODEL is missing"]),
@@ -228,7 +259,7 @@ def test_ctrl_c_stops_cleanly_and_restores_the_model(results):
     ("not_a_module", ["'inputs'", "dict", "torch.nn.Module"]),
     ("bad_tier", ["fast"]),
     ("bad_compare", ["fast", "pinned, pageable, mapped"]),
-    ("tier_and_compare", ["--tier", "--compare"]),
+    ("tier_and_compare", ["--tier", "--tiers", "--compare"]),
     ("mapped_without_views", ["mapped", "checkpoint view"]),
     ("bad_budget", ["lots"]),
     ("syntax", ["not valid Python"]),

@@ -1,4 +1,4 @@
-"""The planner: every rule in docs/planner.md has a test here that fails when the rule is removed."""
+"""The planner: each of its rules (module doc of offload_lab.planning.planner) has a test that fails without it."""
 
 from __future__ import annotations
 
@@ -756,3 +756,21 @@ def _is_na(v) -> bool:
 def test_resident_fraction_one_means_every_layer():
     p = plan(SPEC, host=BIG, resident=1.0)
     assert not p.layers["streamed"].any() and set(p.layers["tier"]) == {"resident"}
+
+
+# -- sizes that overflow a float ----------------------------------------------------------------------
+@pytest.mark.parametrize("size", ["1e400", "1e308GiB", 1e400])
+def test_huge_pin_budget_or_host_is_one_line_size_error(size):
+    with pytest.raises(SizeError, match="too large|not finite") as e:
+        plan(SPEC, pin_budget=size, host=BIG)
+    assert isinstance(e.value, PlanError)
+    with pytest.raises(SizeError, match="too large|not finite"):
+        plan(SPEC, host=size)
+
+
+def test_moved_names_still_import_from_the_planner():
+    from offload_lab.planning import pipeline, planner
+
+    assert planner.Component is pipeline.Component
+    assert planner.plan_pipeline is pipeline.plan_pipeline
+    assert planner.PipelinePlan is pipeline.PipelinePlan

@@ -291,7 +291,7 @@ def test_import_offload_lab_stays_light():
 
 def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
     """In a kernel the figures go into the Output widgets' outputs, html included."""
-    monkeypatch.setattr("offload_lab.notebook.explorer._in_kernel", lambda: True)
+    monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
     ex = PlanExplorer(wan14, host="64GiB", live=False)
     ex.simulate_button.click()
     ex.tiers_button.click()
@@ -301,3 +301,62 @@ def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
         assert "application/vnd.plotly.v1+json" in data and "plotly-graph-div" in data["text/html"]
     ex.clear_button.click()
     assert ex.comparison_out.outputs == ()
+
+
+# -- pinned vs pageable: the pinned arm is all pinned, whatever the budget control says ------------
+def test_pinned_arm_ignores_the_pin_budget(ex):
+    ex.budget.value = 0.0  # a zero budget used to make the pinned arm fail with a PlanError
+    assert ex.plan.tier_counts["pinned"] == 0
+    assert not ex.tiers_button.disabled
+    ex.tiers_button.click()
+    assert ex.error is None, ex.error
+    pinned, pageable = ex.runs
+    assert set(pinned.layers["tier"]) == {"pinned"}
+    assert set(pageable.layers["tier"]) == {"pageable"}
+
+
+def test_pinned_arm_says_when_the_host_cannot_pin_everything(wan14):
+    # 16 GiB available: 14 GiB spendable, the 40 blocks need 26 GiB
+    ex = PlanExplorer(wan14, host="16GiB", live=False)
+    pinned, _ = ex.compare_tiers()
+    counts = pinned.layers["tier"].value_counts()
+    assert 0 < counts.get("pinned", 0) < 40
+    assert "not all pinned" in ex.message and "can spend" in ex.message
+
+
+def test_tiers_button_is_disabled_with_a_reason_when_nothing_can_be_pinned(wan14):
+    # 2 GiB available is all reserve: not one 670 MiB block can be pinned
+    ex = PlanExplorer(wan14, host="2GiB", live=False)
+    assert ex.tiers_button.disabled
+    assert "not possible" in ex.tiers_button.tooltip and "can spend 0 B" in ex.tiers_button.tooltip
+    with pytest.raises(ExplorerError, match="all-pinned run is not possible"):
+        ex.compare_tiers()
+    ex.host_choice.value = "64GiB"
+    assert not ex.tiers_button.disabled
+    ex.resident.value = ex.resident.max  # all resident: nothing streamed to compare
+    assert ex.tiers_button.disabled and "nothing is streamed" in ex.tiers_button.tooltip
+
+
+# -- the resident slider applies per group ---------------------------------------------------------
+def test_resident_slider_says_it_applies_per_group():
+    ex = PlanExplorer("minimax-h3", host="256GiB", live=False)
+    assert "per group" in ex.resident.description
+    ex.resident.value = 35
+    # 35 of the 50 blocks and both of the 2 refiner blocks
+    assert ex.plan.tier_counts["resident"] == 37
+    note = ex.resident_note.value
+    assert "35 per group" in note and "37 resident" in note and "token_refiner.blocks 2" in note
+
+
+def test_single_group_slider_reads_resident_layers(ex):
+    assert ex.resident.description == "resident layers" and ex.resident_note.value == ""
+
+
+def test_tokens_and_steps_are_bounded_like_the_cli(wan14):
+    with pytest.raises(ExplorerError, match="tokens .* out of range"):
+        PlanExplorer(wan14, host="64GiB", tokens=10**23, live=False)
+    with pytest.raises(ExplorerError, match=r"steps 100000000 is not accepted"):
+        PlanExplorer(wan14, host="64GiB", steps=10**8, live=False)
+    with pytest.raises(ExplorerError, match="too large"):
+        PlanExplorer(wan14, host="1e400", live=False)
+    assert PlanExplorer(wan14, host="64GiB", tokens="480p", live=False).tokens == "480p"

@@ -50,7 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH",
                    help="output file (default: RUN with .trace.json; a .gz name is compressed)")
     p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
-    p.set_defaults(func=run)
+    p.set_defaults(func="offload_lab.cli.export:run")
     return p
 
 

@@ -9,8 +9,9 @@
 ``MODEL`` is an expression naming a ``torch.nn.Module`` in the notebook (``model``,
 ``pipe.transformer``); the plan is made from it with this machine's host memory. The magic
 displays a summary table and the timeline as one bundle with ``text/html`` and
-``text/plain``; ``-o`` returns the Run (a list of Runs with ``--compare``), ``-q`` displays
-nothing. Ctrl-C stops the profile: the model is restored and nothing is recorded. An error in
+``text/plain``; ``-o`` returns the Run (a list of Runs with ``--tiers``), ``-q`` displays
+nothing; ``-h`` (like ``%offload_profile?``) shows the help. The plan and run options are the
+``offload-lab`` command's, with the same values and short options (``-b``, ``-p``, ``-n``). Ctrl-C stops the profile: the model is restored and nothing is recorded. An error in
 the statement is shown as the user's own traceback (no toolkit frames) and fails the cell.
 
 >>> from IPython.testing.globalipapp import start_ipython            # doctest: +SKIP
@@ -33,7 +34,16 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
+
+from offload_lab.planning.options import (
+    STRATEGIES,
+    add_plan_arguments,
+    add_run_arguments,
+    argparse_type,
+    parse_choice,
+    parse_tiers,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -148,6 +158,19 @@ def _tokens(text: str) -> list[tuple[str, int]]:
         pos = m.end()
 
 
+class _HelpRequested(Exception):
+    """``-h`` / ``--help`` among the options: show the help instead of profiling."""
+
+
+class _shared_options(ArgDecorator):
+    """The plan and run options of every surface (:mod:`offload_lab.planning.options`)."""
+
+    def add_to_parser(self, parser: Any, group: Any) -> None:
+        # the magic profiles on this machine, so it plans for this machine's host: no --host
+        add_plan_arguments(parser, host_help=None)
+        add_run_arguments(parser, steps_default=3)
+
+
 def _split_line(parser: Any, line: str) -> tuple[list[str], str, str]:
     """``[options] MODEL REST`` → (option tokens, MODEL, REST exactly as typed).
 
@@ -158,6 +181,8 @@ def _split_line(parser: Any, line: str) -> tuple[list[str], str, str]:
     i = 0
     while i < len(toks) and toks[i][0].startswith("-") and toks[i][0] != "-":
         tok = toks[i][0]
+        if tok in ("-h", "--help"):
+            raise _HelpRequested
         opts.append(tok)
         if tok.startswith("--"):
             name, attached = tok.split("=", 1)[0], "=" in tok
@@ -180,50 +205,6 @@ def _split_line(parser: Any, line: str) -> tuple[list[str], str, str]:
     model = toks[i][0]
     rest = line[toks[i][1]:].strip()
     return opts, model, rest
-
-
-def _resident_value(text: str | None) -> Any:
-    if text is None:
-        return 0
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if len(items) == 1:
-        s = items[0]
-        if re.fullmatch(r"\d+", s):
-            return int(s)
-        if re.fullmatch(r"\d*\.\d+", s):
-            return float(s)
-    if not items:
-        raise MagicArgumentError(f"--resident {text!r} is empty; accepted: a count (35), a fraction "
-                                 f"(0.5) or layer ids (0,1,2 or blocks.0,blocks.1)")
-    return [int(s) if s.isdigit() else s for s in items]
-
-
-def _order_value(text: str) -> Any:
-    from offload_lab.planning.planner import ORDERS
-
-    if text in ORDERS:
-        return text
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(re.fullmatch(r"\d+|[\w.]+\.\d+", s) for s in items):
-        raise MagicArgumentError(f"--order {text!r} is not one of {', '.join(ORDERS)} or a "
-                                 f"comma-separated list of layer ids such as 3,1,0")
-    return [int(s) if s.isdigit() else s for s in items]
-
-
-def _tiers_value(text: str | None) -> list[str]:
-    from offload_lab.planning.planner import FORCED_TIERS
-
-    if text is None:
-        return []
-    tiers = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in tiers if t not in FORCED_TIERS]
-    if bad or len(tiers) < 1:
-        raise MagicArgumentError(f"--compare {text!r}: {bad or 'no tiers'} not accepted; expected a "
-                                 f"comma-separated list of {', '.join(FORCED_TIERS)} "
-                                 f"(e.g. pinned,pageable)")
-    if len(set(tiers)) != len(tiers):
-        raise MagicArgumentError(f"--compare {text!r} lists a tier twice; expected each at most once")
-    return tiers
 
 
 # -- tracebacks -----------------------------------------------------------------------------------
@@ -306,33 +287,18 @@ class OffloadMagics(Magics):
     """Holds ``%offload_profile``; registered by ``%load_ext offload_lab``."""
 
     @magic_arguments()
-    @argument("-b", "--pin-budget", metavar="SIZE", default=None,
-              help="pin budget such as 8GiB, 512MiB or 8e9 (default: all this host can spend)")
-    @argument("-p", "--prefetch", type=int, default=1, metavar="N",
-              help="streamed layers in flight ahead of the running one (default 1; 0 = load at use)")
-    @argument("--order", default="execution", metavar="POLICY",
-              help="who gets pins first: execution, reverse, largest, strided, or layer ids 3,1,0")
-    @argument("--resident", default=None, metavar="K",
-              help="layers kept on the device: a count (35), a fraction (0.5) or ids (0,1,blocks.3)")
-    @argument("--residency", default="leading", choices=("leading", "strided"),
-              help="which layers a resident count keeps: the first ones, or spread (default leading)")
-    @argument("--tier", default=None, choices=("pinned", "pageable", "mapped"),
-              help="force every streamed layer to this tier (default: the planner's choice)")
-    @argument("-n", "--steps", type=int, default=3, metavar="N",
-              help="measured steps (default 3); each step runs the statement or the cell once")
-    @argument("--warmup", type=int, default=1, metavar="N",
-              help="steps run first and dropped (default 1)")
-    @argument("--compare", default=None, metavar="TIERS",
-              help="one run per forced tier, then a comparison, e.g. pinned,pageable")
-    @argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
-              help="cuda on a GPU, else cpu (default auto)")
-    @argument("--init", default="grouped", choices=("grouped", "naive"),
-              help="group initialisation strategy (default grouped)")
+    @_shared_options()
+    @argument("--tiers", "--compare", dest="tiers", type=argparse_type(parse_tiers, "tiers"), default=None,
+              metavar="TIERS",
+              help="one run per forced tier, then a comparison, e.g. pinned,pageable "
+                   "(--compare is the same option)")
+    @argument("--init", type=argparse_type(parse_choice, "init", "init", STRATEGIES), default="grouped",
+              metavar="|".join(STRATEGIES), help="group initialisation strategy (default grouped)")
     @argument("--label", default=None, help="run label (default: tiers and prefetch)")
     @argument("--report", default=None, metavar="PATH",
               help="also write an offline HTML report of the run(s) to PATH")
     @argument("-o", dest="return_runs", action="store_true",
-              help="return the Run (a list of Runs with --compare)")
+              help="return the Run (a list of Runs with --tiers)")
     @argument("-q", dest="quiet", action="store_true", help="display nothing")
     @argument("model", metavar="MODEL", help="expression naming the torch.nn.Module to offload")
     @argument("statement", metavar="STATEMENT", nargs="*",
@@ -347,17 +313,22 @@ class OffloadMagics(Magics):
 
         The plan is made from MODEL's layer groups with this machine's host memory; the
         statement (evaluated in the notebook namespace) runs --warmup + --steps times under
-        offload. Displays a summary table and the timeline; -o returns the Run(s).
+        offload. Displays a summary table and the timeline; -o returns the Run(s); -h shows
+        this help.
 
         Examples:
           %offload_profile -n 3 model model(**inputs)
-          %offload_profile --compare pinned,pageable -b 8GiB model model(**inputs)
+          %offload_profile --tiers pinned,pageable -b 8GiB model model(**inputs)
           %%offload_profile -p 2 --resident 4 model
           out = model(**inputs)
         """
         __tracebackhide__ = True  # IPython hides this frame when the user's error is shown
         parser = self.offload_profile.parser
-        opts, model_expr, rest = _split_line(parser, line)
+        try:
+            opts, model_expr, rest = _split_line(parser, line)
+        except _HelpRequested:
+            print(type(self).offload_profile.__doc__)
+            return None
         args = parser.parse_args([*opts, model_expr])
         if cell is None:
             if not rest:
@@ -383,7 +354,7 @@ class OffloadMagics(Magics):
 
             display(summary_bundle(runs), raw=True)
         if args.return_runs:
-            return runs if args.compare else runs[0]
+            return runs if args.tiers else runs[0]
         return None
 
     # -- helpers -------------------------------------------------------------------------------
@@ -412,15 +383,11 @@ class OffloadMagics(Magics):
                                      f"(line {e.lineno})") from None
 
     def _plan(self, spec: ModelSpec, args: Any, tier: str | None) -> Plan:
+        from offload_lab.planning.options import plan_kwargs
         from offload_lab.planning.planner import plan
 
-        budget = args.pin_budget
-        if isinstance(budget, str) and budget.lower() in ("all", "none", "auto"):
-            budget = None
         try:
-            return plan(spec, pin_budget=budget, resident=_resident_value(args.resident),
-                        residency=args.residency, order=_order_value(args.order),
-                        prefetch=args.prefetch, tier=tier)
+            return plan(spec, **{**plan_kwargs(args), "tier": tier})
         except ValueError as e:
             if isinstance(e, UsageError):
                 raise
@@ -430,14 +397,10 @@ class OffloadMagics(Magics):
         __tracebackhide__ = True
         from offload_lab.record.runtime import profile
 
-        for what, value, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
-                                ("--prefetch", args.prefetch, 0)):
-            if value < lo:
-                raise MagicArgumentError(f"{what} {value} is below {lo}; accepted: an integer ≥ {lo}")
-        tiers = _tiers_value(args.compare)
+        tiers = args.tiers or []
         if tiers and args.tier:
-            raise MagicArgumentError(f"--tier {args.tier} and --compare {args.compare} both force "
-                                     f"tiers; accepted: one of them")
+            raise MagicArgumentError(f"--tier {args.tier} and --tiers (--compare) {','.join(tiers)} "
+                                     f"both force tiers; accepted: one of them")
         model = self._model(model_expr)
         spec = spec_for_model(model)
         plans = [(t, self._plan(spec, args, t)) for t in (tiers or [args.tier])]

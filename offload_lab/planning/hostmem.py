@@ -15,7 +15,8 @@ for "a 32 GiB host" is made exactly like a plan for this machine. The reserve ru
 
 Also here: :func:`process_memory` (this process's anonymous / file / shmem / locked resident
 bytes), :func:`is_file_backed` and :func:`file_backed_checker` (is a CPU tensor a view of a file
-mapping?), :func:`rounded_size` and :class:`PinLedger` (count what is really page-locked).
+mapping?), :func:`rounded_size` (count what is really page-locked) and :func:`resolve_host`
+(the one reading of a ``host=`` argument that every surface accepts).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from offload_lab.units import format_bytes, parse_size
 
 __all__ = [
     "RESERVE_FRACTION", "RESERVE_FLOOR", "ROUNDINGS", "HostMemory", "HostMemoryError",
-    "PinLedger", "process_memory", "cgroup_memory", "is_file_backed", "file_backed_checker",
+    "resolve_host", "process_memory", "cgroup_memory", "is_file_backed", "file_backed_checker",
     "rounded_size",
 ]
 
@@ -172,6 +173,29 @@ class HostMemory:
             f"reserve={format_bytes(self.reserve)}, spendable={format_bytes(self.spendable)}"
             f"{extra}, source={self.source!r})"
         )
+
+
+HOST_ACCEPTED = ("None (probe this machine), a HostMemory, its to_dict(), or an available size "
+                 "such as '64GiB'")
+
+
+def resolve_host(host: Any, probe: bool = True) -> HostMemory | None:
+    """A ``host=`` argument as a :class:`HostMemory`: ``None`` probes this machine (or stays
+    ``None`` with ``probe=False``), a dict is read by :meth:`HostMemory.from_dict`, and a size
+    (``"64GiB"``) is a hypothetical host with that much available.
+
+    >>> resolve_host("64GiB").available == 64 * 2**30, resolve_host(None, probe=False)
+    (True, None)
+    """
+    if host is None:
+        return HostMemory.probe() if probe else None
+    if isinstance(host, HostMemory):
+        return host
+    if isinstance(host, dict):
+        return HostMemory.from_dict(host)
+    if isinstance(host, (int, float, str)) and not isinstance(host, bool):
+        return HostMemory(available=host)
+    raise HostMemoryError(f"host {host!r:.60} is not a HostMemory; expected {HOST_ACCEPTED}")
 
 
 # -- /proc and cgroup readers ------------------------------------------------------------------
@@ -365,69 +389,3 @@ def rounded_size(nbytes: int, rounding: str = "exact") -> int:
     if rounding == "exact" or nbytes == 0:
         return nbytes
     return 1 << (nbytes - 1).bit_length()
-
-
-class PinLedger:
-    """Counts the bytes really page-locked, per owner, at the size the allocator locks.
-
-    ``limit`` (optional): refuse a record that would take the total past it, *before* pinning.
-
-    >>> ledger = PinLedger(limit="4GiB")
-    >>> ledger.record("blocks.0", 1_291_143_680)
-    1291143680
-    >>> ledger.would_fit(3 * 2**30)
-    False
-    >>> ledger.release("blocks.0"); ledger.total
-    1291143680
-    0
-    """
-
-    def __init__(self, limit: int | str | None = None, rounding: str = "exact") -> None:
-        self.limit = None if limit is None else parse_size(limit, "limit")
-        rounded_size(0, rounding)  # validates the name
-        self.rounding = rounding
-        self._entries: dict[str, int] = {}
-
-    @property
-    def total(self) -> int:
-        return sum(self._entries.values())
-
-    def footprint(self, nbytes: int) -> int:
-        return rounded_size(nbytes, self.rounding)
-
-    def would_fit(self, nbytes: int) -> bool:
-        return self.limit is None or self.total + self.footprint(nbytes) <= self.limit
-
-    def record(self, key: str, nbytes: int) -> int:
-        """Record ``key``'s pinned buffer; returns the bytes counted. Raises when over ``limit``."""
-        if key in self._entries:
-            raise HostMemoryError(f"pinned buffer {key!r} is already recorded; release it first")
-        size = self.footprint(nbytes)
-        if not self.would_fit(nbytes):
-            raise HostMemoryError(
-                f"pinning {key!r} ({format_bytes(size)}) would lock {format_bytes(self.total + size)}, "
-                f"over the limit {format_bytes(self.limit)}"
-            )
-        self._entries[key] = size
-        return size
-
-    def release(self, key: str) -> int:
-        """Forget ``key``'s buffer; returns the bytes it held (0 when unknown)."""
-        return self._entries.pop(key, 0)
-
-    def items(self) -> list[tuple[str, int]]:
-        return list(self._entries.items())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"limit": self.limit, "rounding": self.rounding, "total": self.total,
-                "entries": dict(self._entries)}
-
-    def __repr__(self) -> str:
-        lim = f" of {format_bytes(self.limit)}" if self.limit is not None else ""
-        return f"PinLedger({len(self)} buffers, {format_bytes(self.total)}{lim}, {self.rounding})"

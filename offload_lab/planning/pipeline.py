@@ -1,0 +1,190 @@
+"""Pipelines: several components (a DiT, a text encoder, a VAE) planned against one host and
+one pin budget, ranked by how many bytes each moves per request.
+
+>>> from offload_lab import catalog
+>>> Component("enc", catalog.load("wan2.1-t2v-1.3b")).uses
+1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from offload_lab.model.spec import ModelSpec
+from offload_lab.planning.errors import PlanError
+from offload_lab.planning.grants import _build_unit, _solve
+from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.planner import (
+    Plan,
+    _budget,
+    _check_forced_pinned,
+    _emit,
+    _finish,
+    _ledger,
+    _plain,
+    _resolve_host,
+)
+from offload_lab.units import format_bytes
+
+__all__ = ["Component", "PipelinePlan", "plan_pipeline"]
+
+_PIPELINE_FORMAT = "offload-lab/pipeline-plan"
+
+
+# -- pipelines -------------------------------------------------------------------------------------
+@dataclass
+class Component:
+    """A model in a pipeline with its forward passes per request (``uses``) and plan options.
+
+    >>> from offload_lab import catalog
+    >>> Component("dit", catalog.load("wan2.1-t2v-1.3b"), uses=100).uses
+    100
+    """
+
+    name: str
+    spec: ModelSpec
+    uses: int = 1
+    resident: Any = 0
+    residency: str = "leading"
+    order: Any = "execution"
+    prefetch: int = 1
+    tier: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PlanError(f"component name {self.name!r} must be a non-empty string")
+        if isinstance(self.uses, bool) or not isinstance(self.uses, int) or self.uses < 1:
+            raise PlanError(
+                f"component {self.name!r} uses {self.uses!r}; expected an int ≥ 1 (forward "
+                f"passes per request: steps × guidance passes for a DiT, 1 for an encoder)"
+            )
+
+    @property
+    def score(self) -> int:
+        return self.uses * self.spec.layer_bytes
+
+
+@dataclass(eq=False, repr=False)
+class PipelinePlan:
+    """Plans of several components sharing one host and one pin budget.
+
+    ``components`` (name -> Plan) is in rank order; ``ranking`` has one row per component.
+    """
+
+    components: dict[str, Plan]
+    ranking: pd.DataFrame
+    ledger: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    host: HostMemory | None = None
+
+    def __getitem__(self, name: str) -> Plan:
+        if name not in self.components:
+            raise PlanError(f"component {name!r} is not in this pipeline: {list(self.components)}")
+        return self.components[name]
+
+    def table(self) -> pd.DataFrame:
+        """All components' layers, sizes formatted, with a ``component`` column first."""
+        frames = [p.table().assign(component=n) for n, p in self.components.items()]
+        df = pd.concat(frames, ignore_index=True)
+        return df[["component"] + [c for c in df.columns if c != "component"]]
+
+    def __repr__(self) -> str:
+        led = self.ledger
+        parts = "; ".join(f"{n}: {p.summary()}" for n, p in self.components.items())
+        fit = "fits" if led["fits"] else "DOES NOT FIT"
+        return (f"PipelinePlan(pinned {format_bytes(led['pinned_bytes'])} of "
+                f"{format_bytes(led['budget'])}, {fit}; {parts})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": _PIPELINE_FORMAT, "version": 1,
+            "components": {n: p.to_dict() for n, p in self.components.items()},
+            "ranking": [{k: (int(v) if k in ("rank", "uses", "bytes", "score") else v)
+                         for k, v in row.items()} for row in self.ranking.to_dict("records")],
+            "ledger": _plain(self.ledger), "warnings": list(self.warnings),
+            "host": None if self.host is None else self.host.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PipelinePlan:
+        if not isinstance(d, dict) or d.get("format") != _PIPELINE_FORMAT:
+            raise PlanError(f"not an offload-lab pipeline plan (expected format {_PIPELINE_FORMAT!r})")
+        return cls(
+            {n: Plan.from_dict(p) for n, p in d["components"].items()},
+            pd.DataFrame(d["ranking"], columns=_RANK_COLUMNS), dict(d["ledger"]),
+            list(d.get("warnings", [])),
+            None if d.get("host") is None else HostMemory.from_dict(d["host"]),
+        )
+
+
+_RANK_COLUMNS = ["rank", "component", "uses", "bytes", "score", "reason"]
+
+
+def plan_pipeline(
+    components: Sequence[Component], host: HostMemory | dict | str | int | None = None,
+    pin_budget: int | str | None = None,
+) -> PipelinePlan:
+    """Plan several components against one host and one pin budget.
+
+    Components are ranked by uses × layer bytes, largest first (a 100-pass DiT before a
+    once-per-request encoder; ties keep the order given). Each is then planned in that order
+    against the pin budget and the host headroom (available − reserve) that the ones before it
+    left: its pins come first-fit from what is left of the shared budget, and if its new
+    anonymous bytes do not fit what is left of the host, *it* demotes its pageable copies and
+    gives back its pins — a higher-ranked plan is never changed for a lower-ranked one. Pin
+    ranks are global across the pipeline. Each component's ledger shows the budget and
+    ``headroom`` it was given; the pipeline's ledger has the totals.
+
+    >>> from offload_lab import catalog
+    >>> pp = plan_pipeline([Component("enc", catalog.load("wan2.1-t2v-1.3b"), uses=1),
+    ...                     Component("dit", catalog.load("wan2.1-t2v-14b"), uses=100)],
+    ...                    host=HostMemory(available="64GiB"), pin_budget="28GiB")
+    >>> list(pp.components), pp["dit"].tier_counts["pinned"], pp["enc"].tier_counts["pinned"]
+    (['dit', 'enc'], 40, 21)
+    """
+    comps = list(components)
+    if not comps:
+        raise PlanError("components is empty; expected at least one Component(name, spec, uses)")
+    for c in comps:
+        if not isinstance(c, Component):
+            raise PlanError(f"component {c!r} is not a Component(name, spec, uses)")
+    names = [c.name for c in comps]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PlanError(f"component names must be unique; {dupes} appear more than once")
+    ranked = sorted(comps, key=lambda c: -c.score)  # stable: ties keep the order given
+    units = [
+        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier)
+        for c in ranked
+    ]
+    host = _resolve_host(host)
+    budget, user, capped = _budget(host, pin_budget)
+    for u in units:
+        _check_forced_pinned(u, budget)
+    outcomes, msgs = _solve(units, budget, host.headroom)
+    msgs = capped + msgs
+    plans: dict[str, Plan] = {}
+    rows = []
+    for i, (c, u, out) in enumerate(zip(ranked, units, outcomes), start=1):
+        params = {"pin_budget": user, **u.params, "component": c.name, "uses": c.uses,
+                  "rank": i}
+        plans[c.name] = _finish(u, _ledger(host, out), params, msgs, host)
+        rows.append({
+            "rank": i, "component": c.name, "uses": c.uses, "bytes": c.spec.layer_bytes,
+            "score": c.score,
+            "reason": (f"rank {i}: {c.uses} use{'s' if c.uses != 1 else ''} × "
+                       f"{format_bytes(c.spec.layer_bytes)} = "
+                       f"{format_bytes(c.score)} moved per request"),
+        })
+    ledger = {
+        "available": host.available, "reserve": host.reserve, "spendable": host.spendable,
+        "budget": budget, "pinned_bytes": sum(o.pinned for o in outcomes),
+        "net_anonymous_bytes": sum(o.net for o in outcomes),
+        "fits": all(o.fits for o in outcomes), "headroom": host.headroom,
+    }
+    _emit(msgs)
+    return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
