@@ -34,7 +34,7 @@ _EXPORTS = {
     "OffloadManager": "record.runtime", "offload": "record.runtime", "profile": "record.runtime",
     "observe": "record.observer", "from_torch_profiler": "record.kineto",
     "to_chrome_trace": "record.chrome_trace",
-    "compare": "analysis.summary", "bound": "analysis.summary", "metrics": "analysis.summary",
+    "compare": "analysis.comparison", "bound": "analysis.summary", "metrics": "analysis.summary",
     "DeviceProfile": "simulation.engine", "simulate": "simulation.engine",
     "calibrate": "simulation.engine",
     "report": "views.report", "Report": "views.report",
