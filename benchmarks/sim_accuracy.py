@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from record_sim_fixtures import build_model, load_plan, make_plans, measure
 
+    from offload_lab import simulation as sim
     from offload_lab.record.run import Run
-    from offload_lab.simulation import engine as sim
 
     if args.runs and (Path(args.runs) / "manifest.json").exists():
         d = Path(args.runs)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def predict(profile, plan, steps: int) -> float:
         try:
-            return sim.simulate(plan.spec, plan, profile, steps=steps).step_time
+            return sim.simulate(plan, profile, steps=steps).step_time
         except sim.ProfileError:
             return float("nan")  # the profile lacks a tier this plan uses
 

@@ -34,8 +34,8 @@ _EXPORTS = {
     "OffloadManager": "record.runtime", "offload": "record.runtime", "profile": "record.runtime",
     "observe": "record.observer", "from_torch_profiler": "record.kineto",
     "compare": "analysis.summary", "bound": "analysis.summary", "metrics": "analysis.summary",
-    "DeviceProfile": "simulation.engine", "simulate": "simulation.engine",
-    "calibrate": "simulation.engine",
+    "DeviceProfile": "simulation.profile", "simulate": "simulation.engine",
+    "calibrate": "simulation.calibration", "plan_of_run": "simulation.runs",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
 }

@@ -163,7 +163,7 @@ QUICKSTART = [
     host64 = offload_lab.HostMemory(available="64GiB")
     for tier in ("pinned", "pageable"):
         p = offload_lab.plan(full, tier=tier, host=host64)
-        runs.append(offload_lab.simulate(full, p, "h200", steps=3,
+        runs.append(offload_lab.simulate(p, "h200", steps=3,
                                          label=f"Wan2.1-T2V-1.3B full size · {tier} · H200"))
     offload_lab.compare(runs)
     '''),
@@ -377,7 +377,7 @@ WAN = [
     (32,760 tokens), one forward per step.
     """),
     code('''
-    sim8 = [offload_lab.simulate(s14, plan8, prof, steps=2) for prof in profiles.values()]
+    sim8 = [offload_lab.simulate(plan8, prof, steps=2) for prof in profiles.values()]
     display(offload_lab.compare(sim8)[["label", "step_s", "stall_s", "exposed_copy_s", "overlap"]])
     figures.timeline(sim8[-1], step=1)
     '''),
@@ -399,8 +399,7 @@ WAN = [
         for tokens in ("480p", 1024):
             for tier in ("pinned", "pageable", "mapped"):
                 p = offload_lab.plan(s14, tier=tier, host=host256)
-                tier_runs.append(offload_lab.simulate(
-                    s14, p, profiles[name], steps=2, tokens=tokens,
+                tier_runs.append(offload_lab.simulate(p, profiles[name], steps=2, tokens=tokens,
                     label=f"{name} · {tokens} tokens · {tier}"))
     table = offload_lab.compare(tier_runs)[["label", "step_s", "stall_s", "exposed_copy_s"]]
     table
@@ -445,11 +444,11 @@ WAN = [
     copy_link = base.replace(name="PCIe 4.0 link at the implied rates", bandwidths={
         **base.bandwidths, "pinned": per_forward / reported["pinned"] / 1e9,
         "pageable": per_forward / reported["pageable"] / 1e9})
-    readings_runs = [offload_lab.simulate(s14, offload_lab.plan(s14, tier=t, host=host256), copy_link,
+    readings_runs = [offload_lab.simulate(offload_lab.plan(s14, tier=t, host=host256), copy_link,
                                           steps=2, tokens=1024,
                                           label=f"14B, 1k tokens (copy-bound) · {t}")
                      for t in ("pinned", "pageable")]
-    readings_runs += [offload_lab.simulate(s13, offload_lab.plan(s13, tier=t, host=host256),
+    readings_runs += [offload_lab.simulate(offload_lab.plan(s13, tier=t, host=host256),
                                            profiles["h200"], steps=2, passes=2,
                                            label=f"1.3B, 480p, guidance (compute-bound) · H200 · {t}")
                       for t in ("pinned", "pageable")]
@@ -504,7 +503,7 @@ WAN = [
     code('''
     fitted = offload_lab.calibrate(measured)
     print(fitted)
-    predicted = [offload_lab.simulate(small_spec, offload_lab.plan(small_spec, tier=t), fitted,
+    predicted = [offload_lab.simulate(offload_lab.plan(small_spec, tier=t), fitted,
                                       steps=3, label=f"{t} · calibrated on this machine")
                  for t in ("pinned", "pageable", "mapped")]
     figures.step_times(measured + predicted)
@@ -817,7 +816,7 @@ H3 = [
     res_runs = []
     for tokens in (4096, "480p"):
         for name, p in (("leading", leading), ("strided", strided)):
-            res_runs.append(offload_lab.simulate(h3, p, "h200", steps=2, tokens=tokens,
+            res_runs.append(offload_lab.simulate(p, "h200", steps=2, tokens=tokens,
                                                  label=f"35 resident, {name} · {tokens} tokens · H200"))
     display(offload_lab.compare(res_runs)[["label", "step_s", "ratio", "stall_s", "exposed_copy_s"]])
     figures.step_times(res_runs)

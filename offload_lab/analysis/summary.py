@@ -5,7 +5,7 @@ Nothing here imports plotly: figures (``viz.py``) and the report read these resu
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
 >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
->>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+>>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
 >>> list(offload_lab.compare([run]).columns)[:6]
 ['label', 'backend', 'simulated', 'tiers', 'step_s', 'ratio']
 """
@@ -119,7 +119,7 @@ def bandwidth_by_tier(run: Run) -> pd.DataFrame:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> list(bandwidth_by_tier(run)["tier"])
     ['pinned']
     """
@@ -190,7 +190,7 @@ def bound(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> b = bound(run, bandwidth=50.0)
     >>> b["limit"] in ("compute", "copy"), b["vs_bound"] >= 1.0
     (True, True)
@@ -242,7 +242,7 @@ def metrics(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> m = metrics(offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2))
+    >>> m = metrics(offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2))
     >>> sorted(m["gbps"]), m["simulated"]
     (['pinned'], True)
     """
@@ -278,7 +278,7 @@ def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> host = offload_lab.HostMemory(available="256GiB")
     >>> prof = offload_lab.DeviceProfile.load("h200")
-    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
+    >>> runs = [offload_lab.simulate(offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
     ...         for t in ("pinned", "pageable")]
     >>> df = compare(runs)
     >>> list(df["label"]), float(df["ratio"].iloc[0])

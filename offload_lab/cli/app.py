@@ -774,7 +774,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``offload-lab simulate MODEL --device NAME``: a simulated run, labelled so."""
     from offload_lab.analysis import summary as analysis
-    from offload_lab.simulation.engine import DeviceProfile, simulate
+    from offload_lab.simulation import DeviceProfile, simulate
     from offload_lab.views.figures import fmt_percent, fmt_ratio, fmt_seconds
 
     _writable(args.out)
@@ -793,7 +793,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _say(f"plan: {p.summary()}")
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
-    run = simulate(spec, p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
+    run = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
                    warmup=args.warmup, passes=args.passes)
     m = analysis.metrics(run)
     kind = profile.provenance.get("kind", "estimated")
@@ -873,8 +873,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     """``offload-lab catalog [NAME] [--devices]``: the shipped models and device profiles."""
+    from offload_lab import simulation as sim
     from offload_lab.model import catalog
-    from offload_lab.simulation import engine as sim
 
     if args.devices:
         if args.name:
@@ -983,7 +983,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from offload_lab.model import catalog, synthetic
     from offload_lab.planning.hostmem import HostMemory
     from offload_lab.record.runtime import profile
-    from offload_lab.simulation.engine import DeviceProfile, simulate
+    from offload_lab.simulation import DeviceProfile, simulate
 
     spec = catalog.load(args.model)
     backend = _resolve_backend(args.backend)
@@ -1060,7 +1060,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", PlanWarning)
                 p = plan(spec, tier=tier, host=host)
-            sim_runs.append(simulate(spec, p, prof, steps=sim_steps,
+            sim_runs.append(simulate(p, prof, steps=sim_steps,
                                      label=f"{prof.name}: all {tier}, full-size {spec.name}"))
             bar.advance(1)
 

@@ -98,7 +98,7 @@ class PlanExplorer:
     - ``fn``: a callable with no arguments that runs one step of the model (``lambda:
       model(**inputs)``); needed only for **Run**.
     - ``profile``: the device profile for **Simulate**: a shipped name (``"h200"``) or a
-      :class:`~offload_lab.simulation.engine.DeviceProfile`; default ``"h200"``.
+      :class:`~offload_lab.simulation.DeviceProfile`; default ``"h200"``.
     - ``host``: the host the plan is made for: a :class:`~offload_lab.planning.hostmem.HostMemory`, a
       size (``"64GiB"`` = a hypothetical host with that much available), or ``None``: this
       machine for a module, else the smallest offered hypothetical host that could pin it all.
@@ -181,7 +181,7 @@ class PlanExplorer:
 
     @staticmethod
     def _resolve_profiles(profile: Any) -> dict[str, Any]:
-        from offload_lab.simulation.engine import DeviceProfile, names
+        from offload_lab.simulation import DeviceProfile, names
 
         shipped = names()
         profiles: dict[str, Any] = {n: n for n in shipped}
@@ -445,12 +445,12 @@ class PlanExplorer:
         >>> PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False).simulate().simulated
         True
         """
-        from offload_lab.simulation.engine import simulate
+        from offload_lab.simulation import simulate
 
         if self.plan is None or self.plan_error:
             # the plan on display is the last valid one; simulating it would mislabel the result
             raise ExplorerError(f"the controls make no valid plan to simulate: {self.plan_error}")
-        run = simulate(self.spec, self.plan, self._profile(), steps=int(self.steps.value),
+        run = simulate(self.plan, self._profile(), steps=int(self.steps.value),
                        tokens=self.tokens)
         self._set_last(run, f"simulated on {self.profile_choice.value}: "
                             f"{viz.fmt_seconds(run.step_time)} per step")
@@ -494,7 +494,7 @@ class PlanExplorer:
 
     def _offer_calibrated(self, run: Run) -> None:
         """Add a profile fitted to the measured run to the profile list (not selected)."""
-        from offload_lab.simulation.engine import calibrate
+        from offload_lab.simulation import calibrate
 
         try:
             fitted = calibrate(run)
@@ -547,7 +547,7 @@ class PlanExplorer:
                                 f"{', '.join(FORCED_TIERS)}")
         if measured and (self.model is None or self.fn is None):
             raise ExplorerError("measured=True needs the live model and fn")
-        from offload_lab.simulation.engine import simulate
+        from offload_lab.simulation import simulate
 
         out = []
         with self._hold():
@@ -559,7 +559,7 @@ class PlanExplorer:
                         out.append(self.run())
                     else:
                         p = self._make_plan(self.host, tier=t)
-                        run = simulate(self.spec, p, self._profile(), steps=int(self.steps.value),
+                        run = simulate(p, self._profile(), steps=int(self.steps.value),
                                        tokens=self.tokens)
                         self._set_last(run, f"simulated {t}")
                         out.append(run)

@@ -164,7 +164,7 @@ class Run:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> run.simulated, list(run.steps.columns)[:3]
     (True, ['step', 'wall_s', 'compute_s'])
     """
