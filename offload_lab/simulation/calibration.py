@@ -65,6 +65,46 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     Not fitted: ``launch_s`` and ``issue_s`` (folded into ``hook_s``), ``copy_latency_s`` (folded
     into the bandwidths) and ``step_tail_s`` (folded into ``step_head_s``).
     """
+    runs, backend, sync = _check_runs(run, contention, copy_priority)
+    parts = [_observe(r, sync) for r in runs]
+    cat = _gather(parts)
+    comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority)
+    gaps = [_fit_host_gaps(r.events, r.steps) for r in runs]
+    dispatch = np.concatenate([p["dispatch"] for p in parts])
+    wake = np.concatenate([p["wake"] for p in parts])
+    block_tiers = set().union(*(p["block_tiers"] for p in parts))
+    copy_tiers = set(cat["copy_tier"].tolist())
+    if tokens is None:
+        t = runs[0].meta.get("tokens")
+        tokens = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
+    labels = [r.label for r in runs]
+    prof = DeviceProfile(
+        name=name or f"calibrated-{backend}",
+        bandwidths=_fit_bandwidths(cat, copy_d),
+        hook_s=float(np.median([g[0] for g in gaps])),
+        step_head_s=float(np.median([g[1] for g in gaps])),
+        dispatch_s=float(np.median(dispatch)) if sync and len(dispatch) else 0.0,
+        wake_s=float(np.median(wake)) if sync and len(wake) else 0.0,
+        pageable_blocks_host=("pageable" in block_tiers) if "pageable" in copy_tiers else True,
+        mapped_blocks_host=("mapped" in block_tiers) if "mapped" in copy_tiers else True,
+        compute_s=_fit_compute(cat, comp_d),
+        tokens=tokens,
+        compute_mode="sync" if sync else "async",
+        contention=float(c),
+        copy_priority=float(prio),
+        provenance={"kind": "measured", "backend": backend,
+                    "machine": runs[0].meta.get("device_name") or backend,
+                    "date": max(str(r.meta.get("created", "")) for r in runs) or None,
+                    "runs": [r.meta.get("run") for r in runs], "labels": labels,
+                    "steps": int(sum(len(r.steps) for r in runs)),
+                    "contention": how},
+        notes=f"calibrated from {', '.join(repr(x) for x in labels)}",
+    )
+    return _match_steps(prof, runs) if match_steps else prof
+
+
+def _check_runs(run: Any, contention: Any, copy_priority: Any) -> tuple[list[Run], str, bool]:
+    """The runs to fit, their backend, and whether they ran in sync mode (cpu backend)."""
     runs = [run] if isinstance(run, Run) else list(run) if isinstance(run, (list, tuple)) else None
     if not runs or not all(isinstance(r, Run) for r in runs):
         raise SimError(f"calibrate needs an offload_lab.Run or a non-empty list of them, got {run!r:.80}")
@@ -82,7 +122,11 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     if contention is None and copy_priority is not None:
         raise SimError(f"copy_priority = {copy_priority!r} without contention; pass contention= too "
                        f"(a number in [0, 1]), or neither to fit both from the runs")
-    parts = [_observe(r, sync) for r in runs]
+    return runs, backend, sync
+
+
+def _gather(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' observations (:func:`_observe`) concatenated, computes keyed by (run, step)."""
     cat = {k: np.concatenate([p[k] for p in parts]) for k in ("comp_d", "comp_o", "copy_d", "copy_o",
                                                               "copy_bytes", "copy_mb", "copy_first",
                                                               "copy_engine")}
@@ -91,33 +135,43 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     cat["comp_step"] = np.concatenate([p["comp_step"] + n * 1_000_000 for n, p in enumerate(parts)])
     cat["copy_key"] = [k for p in parts for k in p["copy_key"]]
     cat["copy_tier"] = np.concatenate([p["copy_tier"] for p in parts])
+    return cat
 
-    c, prio, how = 0.0, 0.5, "none"
+
+def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None,
+                    copy_priority: float | None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
+    """Compute and copy durations de-rated to what each takes alone, ``contention``,
+    ``copy_priority`` and how they were found (sync mode only; async runs keep theirs)."""
     comp_d, copy_d = cat["comp_d"], cat["copy_d"]
-    if sync:
-        eng = cat["copy_engine"]
-        if contention is not None:
-            c = float(contention)
-            prio = float(copy_priority) if copy_priority is not None else CPU_PRIOR[1]
-            s_h, s_k, how = c * prio, c * (1.0 - prio), "given"
-        else:
-            # how much longer the host's work (computes, blocking copies) and the engine's copies
-            # last per second of overlap with each other
-            s_h = _fit_stretch(np.concatenate([comp_d, copy_d[~eng]]),
-                               np.concatenate([cat["comp_o"], cat["copy_o"][~eng]]),
-                               [("c",) + k for k in cat["comp_key"]]
-                               + [("b",) + k for k, e in zip(cat["copy_key"], eng) if not e])
-            s_k = _fit_stretch(copy_d[eng], cat["copy_o"][eng], [k for k, e in zip(cat["copy_key"], eng) if e])
-            fitted = [n for n, v in (("host", s_h), ("copy", s_k)) if v is not None]
-            how = ("fitted" if len(fitted) == 2 else f"{fitted[0]} side fitted, other prior" if fitted
-                   else "prior (no run shows the same layer both alone and overlapped)")
-            s_h = s_h if s_h is not None else CPU_PRIOR[0] * CPU_PRIOR[1]
-            s_k = s_k if s_k is not None else CPU_PRIOR[0] * (1.0 - CPU_PRIOR[1])
-            c = min(1.0, s_h + s_k)
-            prio = s_h / (s_h + s_k) if s_h + s_k > 0 else 0.5
-        comp_d = comp_d - s_h * cat["comp_o"]
-        copy_d = copy_d - np.where(eng, s_k, s_h) * cat["copy_o"]
+    if not sync:
+        return comp_d, copy_d, 0.0, 0.5, "none"
+    eng = cat["copy_engine"]
+    if contention is not None:
+        c = float(contention)
+        prio = float(copy_priority) if copy_priority is not None else CPU_PRIOR[1]
+        s_h, s_k, how = c * prio, c * (1.0 - prio), "given"
+    else:
+        # how much longer the host's work (computes, blocking copies) and the engine's copies
+        # last per second of overlap with each other
+        s_h = _fit_stretch(np.concatenate([comp_d, copy_d[~eng]]),
+                           np.concatenate([cat["comp_o"], cat["copy_o"][~eng]]),
+                           [("c",) + k for k in cat["comp_key"]]
+                           + [("b",) + k for k, e in zip(cat["copy_key"], eng) if not e])
+        s_k = _fit_stretch(copy_d[eng], cat["copy_o"][eng], [k for k, e in zip(cat["copy_key"], eng) if e])
+        fitted = [n for n, v in (("host", s_h), ("copy", s_k)) if v is not None]
+        how = ("fitted" if len(fitted) == 2 else f"{fitted[0]} side fitted, other prior" if fitted
+               else "prior (no run shows the same layer both alone and overlapped)")
+        s_h = s_h if s_h is not None else CPU_PRIOR[0] * CPU_PRIOR[1]
+        s_k = s_k if s_k is not None else CPU_PRIOR[0] * (1.0 - CPU_PRIOR[1])
+        c = min(1.0, s_h + s_k)
+        prio = s_h / (s_h + s_k) if s_h + s_k > 0 else 0.5
+    comp_d = comp_d - s_h * cat["comp_o"]
+    copy_d = copy_d - np.where(eng, s_k, s_h) * cat["copy_o"]
+    return comp_d, copy_d, c, prio, how
 
+
+def _fit_bandwidths(cat: dict[str, Any], copy_d: np.ndarray) -> dict[str, float]:
+    """GB/s per tier: medians of bytes / seconds; mapped split into warm and cold copies."""
     bandwidths: dict[str, float] = {}
     tiers = cat["copy_tier"]
     nbytes = cat["copy_bytes"]
@@ -141,7 +195,11 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
             bandwidths["mapped_cold"] = float(np.median(rate[first]))
         else:
             bandwidths["mapped_warm"] = float(np.median(rate))
+    return bandwidths
 
+
+def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
+    """Seconds per forward of each ``"group.layer"``."""
     names_ = [f"{g}.{i}" for g, i in cat["comp_key"]]
     per_layer = pd.Series(comp_d).groupby(names_).median()
     # medians per layer miss what a disturbed step spreads over all its layers; scale them so a
@@ -149,41 +207,7 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     per_step = pd.Series(comp_d).groupby(cat["comp_step"]).sum()
     typical = pd.Series(per_layer.reindex(names_).to_numpy()).groupby(cat["comp_step"]).sum()
     k = float(np.median(per_step.to_numpy() / typical.to_numpy())) if float(typical.min()) > 0 else 1.0
-    compute_s = {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
-    gaps = [_fit_host_gaps(r.events, r.steps) for r in runs]
-    hook_s = float(np.median([g[0] for g in gaps]))
-    head_s = float(np.median([g[1] for g in gaps]))
-    dispatch = np.concatenate([p["dispatch"] for p in parts])
-    wake = np.concatenate([p["wake"] for p in parts])
-    block_tiers = set().union(*(p["block_tiers"] for p in parts))
-    copy_tiers = set(tiers.tolist())
-    if tokens is None:
-        t = runs[0].meta.get("tokens")
-        tokens = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
-    labels = [r.label for r in runs]
-    prof = DeviceProfile(
-        name=name or f"calibrated-{backend}",
-        bandwidths=bandwidths,
-        hook_s=hook_s,
-        step_head_s=head_s,
-        dispatch_s=float(np.median(dispatch)) if sync and len(dispatch) else 0.0,
-        wake_s=float(np.median(wake)) if sync and len(wake) else 0.0,
-        pageable_blocks_host=("pageable" in block_tiers) if "pageable" in copy_tiers else True,
-        mapped_blocks_host=("mapped" in block_tiers) if "mapped" in copy_tiers else True,
-        compute_s=compute_s,
-        tokens=tokens,
-        compute_mode="sync" if sync else "async",
-        contention=float(c),
-        copy_priority=float(prio),
-        provenance={"kind": "measured", "backend": backend,
-                    "machine": runs[0].meta.get("device_name") or backend,
-                    "date": max(str(r.meta.get("created", "")) for r in runs) or None,
-                    "runs": [r.meta.get("run") for r in runs], "labels": labels,
-                    "steps": int(sum(len(r.steps) for r in runs)),
-                    "contention": how},
-        notes=f"calibrated from {', '.join(repr(x) for x in labels)}",
-    )
-    return _match_steps(prof, runs) if match_steps else prof
+    return {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
 
 
 def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:

@@ -312,8 +312,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, rows: list[tuple
     return bounds
 
 
-def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, rows: list[tuple],
-                 mem: list[tuple[float, int]]) -> list[tuple[int, float, float]]:
+class _SyncEngine:
     """The cpu backend: the host thread runs each block and its pageable/mapped copies itself;
     one copy-engine thread per group runs pinned copies beside it.
 
@@ -324,93 +323,106 @@ def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, rows: list[tuple]
     Thread hand-offs cost ``dispatch_s`` (an idle engine thread picking up a copy) and
     ``wake_s`` (the host resuming after waiting for a copy).
     """
-    c = prof.contention
-    # speeds while an engine copy and the host's work overlap
-    copy_rate, host_rate_shared = 1.0 - c * (1.0 - prof.copy_priority), 1.0 - c * prof.copy_priority
-    add, madd = rows.append, mem.append
-    issued = walk.issued
-    t = 0.0
-    # per group: FIFO of [q, remaining seconds, start, layer, step]; the head runs from its start
-    # (an idle engine thread starts a copy dispatch_s after it is queued; a busy one right after
-    # the copy before)
-    queues: dict[str, list[list]] = {g: [] for g in walk.groups}
-    done: set[tuple[str, int]] = set()
-    eps = 1e-15
 
-    def run(work: float, compete: bool, until: tuple[str, int] | None = None) -> None:
+    _EPS = 1e-15
+
+    def __init__(self, walk: _Walk, prof: DeviceProfile, rows: list[tuple], mem: list[tuple[float, int]]):
+        self.walk, self.prof, self.rows, self.mem = walk, prof, rows, mem
+        c = self.c = prof.contention
+        # speeds while an engine copy and the host's work overlap
+        self.copy_rate, self.host_rate_shared = 1.0 - c * (1.0 - prof.copy_priority), 1.0 - c * prof.copy_priority
+        self.t = 0.0
+        # per group: FIFO of [q, remaining seconds, start, layer, step]; the head runs from its
+        # start (an idle engine thread starts a copy dispatch_s after it is queued; a busy one
+        # right after the copy before)
+        self.queues: dict[str, list[list]] = {g: [] for g in walk.groups}
+        self.done: set[tuple[str, int]] = set()
+
+    def run(self, work: float, compete: bool, until: tuple[str, int] | None = None) -> None:
         """Advance the clock by ``work`` seconds of host work, or until a copy is done."""
-        nonlocal t
+        eps, queues, groups = self._EPS, self.queues, self.walk.groups
         while until is not None or work > eps:
-            if until is not None and until in done:
+            if until is not None and until in self.done:
                 return
-            heads = [g for g in walk.groups if queues[g]]
+            t = self.t
+            heads = [g for g in groups if queues[g]]
             active = [g for g in heads if queues[g][0][2] <= t + eps]
             later = [queues[g][0][2] for g in heads if queues[g][0][2] > t + eps]
             if not heads and until is not None:
                 raise AssertionError(f"waiting on copy {until} that was never issued")
             host = compete and until is None
-            rate = (copy_rate if host else 1.0) / (1.0 + c * (len(active) - 1)) if active else 1.0
+            rate = (self.copy_rate if host else 1.0) / (1.0 + self.c * (len(active) - 1)) if active else 1.0
             dt = min([queues[g][0][1] / rate if rate > 0 else math.inf for g in active]
                      + [x - t for x in later] or [math.inf])
             if until is None:
-                host_rate = host_rate_shared if host and active else 1.0
+                host_rate = self.host_rate_shared if host and active else 1.0
                 if host_rate > 0:
                     dt = min(dt, work / host_rate)
                 work -= dt * host_rate
-            t += dt
+            self.t = t = t + dt
             for g in active:
                 job = queues[g][0]
                 job[1] -= dt * rate
                 if job[1] <= eps:
                     queues[g].pop(0)
                     q, _, start, lay, step = job
-                    done.add((g, q))
-                    add((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, t))
+                    self.done.add((g, q))
+                    self.rows.append((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, t))
                     if queues[g]:
                         queues[g][0][2] = t
 
-    def issue_upto(g: str, last: int) -> None:
+    def issue_upto(self, g: str, last: int) -> None:
+        issued = self.walk.issued
         while issued[g] < last:
             q = issued[g] = issued[g] + 1
-            lay, step, dur = walk.copy_of(g, q)
-            run(prof.issue_s, False)
-            madd((t, lay.nbytes))
+            lay, step, dur = self.walk.copy_of(g, q)
+            self.run(self.prof.issue_s, False)
+            self.mem.append((self.t, lay.nbytes))
             if lay.blocks:
-                start = t
-                run(dur, True)
-                done.add((g, q))
-                add((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, t))
-                add((step, g, lay.index, "host_block", "host", lay.tier, lay.nbytes, start, t))
+                start = self.t
+                self.run(dur, True)
+                self.done.add((g, q))
+                self.rows.append((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, self.t))
+                self.rows.append((step, g, lay.index, "host_block", "host", lay.tier, lay.nbytes, start, self.t))
             else:
-                queues[g].append([q, dur, math.inf if queues[g] else t + prof.dispatch_s, lay, step])
+                queue = self.queues[g]
+                queue.append([q, dur, math.inf if queue else self.t + self.prof.dispatch_s, lay, step])
 
-    for g in walk.groups:
-        issue_upto(g, walk.depth[g] - 1)
-    bounds = []
-    for step in range(steps):
-        start_step = t
-        run(prof.step_head_s, False)
-        for pss in range(walk.passes):
-            use = step * walk.passes + pss
-            for g, lay, k, nS, depth in walk.order:
-                run(prof.hook_s, False)
-                if k >= 0:
-                    q = use * nS + k
-                    issue_upto(g, q + depth)
-                    if (g, q) not in done:
-                        w0 = t
-                        run(0.0, False, until=(g, q))
-                        run(prof.wake_s, False)  # the waiting host thread is woken
-                        add((step, g, lay.index, "wait", "compute", lay.tier, 0, w0, t))
-                    done.discard((g, q))
-                begin = t
-                run(lay.compute, True)
-                add((step, g, lay.index, "compute", "compute", lay.tier, 0, begin, t))
-                if k >= 0:
-                    madd((t, -lay.nbytes))
-        run(prof.step_tail_s, False)
-        bounds.append((step, start_step, t))
-    return bounds
+    def steps(self, steps: int) -> list[tuple[int, float, float]]:
+        walk, prof, add = self.walk, self.prof, self.rows.append
+        for g in walk.groups:
+            self.issue_upto(g, walk.depth[g] - 1)
+        bounds = []
+        for step in range(steps):
+            start_step = self.t
+            self.run(prof.step_head_s, False)
+            for pss in range(walk.passes):
+                use = step * walk.passes + pss
+                for g, lay, k, nS, depth in walk.order:
+                    self.run(prof.hook_s, False)
+                    if k >= 0:
+                        q = use * nS + k
+                        self.issue_upto(g, q + depth)
+                        if (g, q) not in self.done:
+                            w0 = self.t
+                            self.run(0.0, False, until=(g, q))
+                            self.run(prof.wake_s, False)  # the waiting host thread is woken
+                            add((step, g, lay.index, "wait", "compute", lay.tier, 0, w0, self.t))
+                        self.done.discard((g, q))
+                    begin = self.t
+                    self.run(lay.compute, True)
+                    add((step, g, lay.index, "compute", "compute", lay.tier, 0, begin, self.t))
+                    if k >= 0:
+                        self.mem.append((self.t, -lay.nbytes))
+            self.run(prof.step_tail_s, False)
+            bounds.append((step, start_step, self.t))
+        return bounds
+
+
+def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, rows: list[tuple],
+                 mem: list[tuple[float, int]]) -> list[tuple[int, float, float]]:
+    """The cpu backend (see :class:`_SyncEngine`)."""
+    return _SyncEngine(walk, prof, rows, mem).steps(steps)
 
 
 def _memory_frame(spec: Any, info: dict[tuple[str, int], _Layer], mem: list[tuple[float, int]]) -> pd.DataFrame:
