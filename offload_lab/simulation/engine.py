@@ -43,11 +43,11 @@ import uuid
 import warnings
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
+from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, WAIT, _Events
 from offload_lab.simulation.layers import _Layer, _prepare
 from offload_lab.simulation.profile import DeviceProfile, names
 
@@ -189,17 +189,6 @@ def _check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) 
         raise SimError(f"tokens = {tokens!r}; accepted: an int in [1, {MAX_TOKENS}] or a resolution name")
 
 
-_ROW_COLUMNS = ["step", "group", "layer", "kind", "stream", "tier", "bytes", "start_s", "end_s"]
-
-
-def _frame(rows: list[tuple]) -> pd.DataFrame:
-    """Event rows (tuples in ``_ROW_COLUMNS`` order, appended in host order) as one frame."""
-    cols = list(zip(*rows)) if rows else [[] for _ in _ROW_COLUMNS]
-    df = pd.DataFrame(dict(zip(_ROW_COLUMNS, cols)))
-    df.insert(0, "run", "")
-    return df
-
-
 class _Walk:
     """What both engines share: the execution order and the runtime's issue rule.
 
@@ -239,71 +228,85 @@ class _Walk:
 def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
                 info: dict[tuple[str, int], _Layer], prof: DeviceProfile, steps: int, passes: int):
     walk = _Walk(spec, streamed, prefetch, info, passes)
-    rows: list[tuple] = []
-    mem: list[tuple[float, int]] = []
+    ev = _Events(list(info.values()))
     engine = _engine_sync if prof.compute_mode == "sync" else _engine_async
-    bounds = engine(walk, prof, steps, rows, mem)
-    return _frame(rows), pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]), \
-        _memory_frame(spec, info, mem)
+    bounds = engine(walk, prof, steps, ev)
+    return ev.frame(), pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]), ev.memory(spec)
 
 
-def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, rows: list[tuple],
-                  mem: list[tuple[float, int]]) -> list[tuple[int, float, float]]:
-    """A GPU: the host launches and runs ahead; one link; copies wait on the compute stream."""
+def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:
+    """A GPU: the host launches and runs ahead; one link; copies wait on the compute stream.
+
+    The inner loop runs once per layer forward, so it is written for speed: appends bound to
+    locals, ``a if a > b else b`` for ``max`` (same value, no call).
+    """
     hook_s, launch_s, issue_s = prof.hook_s, prof.launch_s, prof.issue_s
     head_s, tail_s = prof.step_head_s, prof.step_tail_s
-    add, madd = rows.append, mem.append
+    a_step, a_lid, a_kind, a_s, a_e = ev.step.append, ev.lid.append, ev.kind.append, ev.start.append, ev.end.append
+    m_t, m_d = ev.mem_t.append, ev.mem_d.append
     t = 0.0            # host thread clock
     stream_free = 0.0  # end of the last thing launched on the compute stream
     link_free = 0.0    # the host link, shared by the groups' copy streams
-    copy_end: dict[tuple[str, int], float] = {}
-    issued = walk.issued
+    copy_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
+    issued, seq, passes, seen = walk.issued, walk.seq, walk.passes, walk.seen_mapped
 
     def issue_upto(g: str, last: int) -> None:
         nonlocal t, link_free
-        while issued[g] < last:
-            q = issued[g] = issued[g] + 1
-            lay, step, dur = walk.copy_of(g, q)
+        S, ends = seq[g], copy_end[g]
+        n = len(S)
+        q = issued[g]
+        while q < last:
+            q += 1
+            lay = S[q % n]
+            dur = lay.copy_warm
+            if lay.tier == "mapped" and (g, lay.index) not in seen:
+                seen.add((g, lay.index))
+                dur = lay.copy_cold
+            step = q // n // passes
             t += issue_s
             # the copy stream first waits on the compute stream
-            start = max(t, link_free, stream_free)
+            start = t if t > link_free else link_free
+            if stream_free > start:
+                start = stream_free
             end = link_free = start + dur
-            copy_end[(g, q)] = end
-            add((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, end))
-            madd((start, lay.nbytes))
+            ends[q] = end
+            lid = lay.lid
+            a_step(step), a_lid(lid), a_kind(COPY), a_s(start), a_e(end)
+            m_t(start), m_d(lay.nbytes)
             if lay.blocks:
-                add((step, g, lay.index, "host_block", "host", lay.tier, lay.nbytes, t, end))
+                a_step(step), a_lid(lid), a_kind(HOST_BLOCK), a_s(t), a_e(end)
                 t = end
+        issued[g] = q
 
     for g in walk.groups:  # arm
         issue_upto(g, walk.depth[g] - 1)
     bounds = []
+    order = walk.order
     for step in range(steps):
         # the cuda backend synchronises the device before marking a step's start
         t = start_step = max(t, stream_free, link_free)
         t += head_s
-        for pss in range(walk.passes):
-            use = step * walk.passes + pss
-            for g, lay, k, nS, depth in walk.order:
+        for pss in range(passes):
+            use = step * passes + pss
+            for g, lay, k, nS, depth in order:
                 t += hook_s
-                i = lay.index
-                begin = ready = max(t, stream_free)
+                begin = ready = t if t > stream_free else stream_free
                 if k >= 0:
                     # pre-hook: this layer's copy if not issued yet, then the next `depth`
                     # streamed layers, wrapping to the next forward; resident layers issue nothing
                     q = use * nS + k
                     if issued[g] < q + depth:
                         issue_upto(g, q + depth)
-                        begin = ready = max(t, stream_free)
-                    ce = copy_end.pop((g, q))
+                        begin = ready = t if t > stream_free else stream_free
+                    ce = copy_end[g].pop(q)
                     if ce > ready:
-                        add((step, g, i, "wait", "compute", lay.tier, 0, ready, ce))
+                        a_step(step), a_lid(lay.lid), a_kind(WAIT), a_s(ready), a_e(ce)
                         begin = ce
                 end = stream_free = begin + lay.compute
-                add((step, g, i, "compute", "compute", lay.tier, 0, begin, end))
+                a_step(step), a_lid(lay.lid), a_kind(COMPUTE), a_s(begin), a_e(end)
                 t += launch_s
                 if k >= 0:
-                    madd((end, -lay.nbytes))
+                    m_t(end), m_d(-lay.nbytes)
         # the end marker is recorded on the compute stream after the host's tail work; then
         # the host synchronises the device
         end_step = max(t + tail_s, stream_free)
@@ -326,8 +329,8 @@ class _SyncEngine:
 
     _EPS = 1e-15
 
-    def __init__(self, walk: _Walk, prof: DeviceProfile, rows: list[tuple], mem: list[tuple[float, int]]):
-        self.walk, self.prof, self.rows, self.mem = walk, prof, rows, mem
+    def __init__(self, walk: _Walk, prof: DeviceProfile, ev: _Events):
+        self.walk, self.prof, self.ev = walk, prof, ev
         c = self.c = prof.contention
         # speeds while an engine copy and the host's work overlap
         self.copy_rate, self.host_rate_shared = 1.0 - c * (1.0 - prof.copy_priority), 1.0 - c * prof.copy_priority
@@ -367,7 +370,7 @@ class _SyncEngine:
                     queues[g].pop(0)
                     q, _, start, lay, step = job
                     self.done.add((g, q))
-                    self.rows.append((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, t))
+                    self.ev.add(step, lay, COPY, start, t)
                     if queues[g]:
                         queues[g][0][2] = t
 
@@ -377,19 +380,20 @@ class _SyncEngine:
             q = issued[g] = issued[g] + 1
             lay, step, dur = self.walk.copy_of(g, q)
             self.run(self.prof.issue_s, False)
-            self.mem.append((self.t, lay.nbytes))
+            self.ev.mem_t.append(self.t)
+            self.ev.mem_d.append(lay.nbytes)
             if lay.blocks:
                 start = self.t
                 self.run(dur, True)
                 self.done.add((g, q))
-                self.rows.append((step, g, lay.index, "copy", "copy", lay.tier, lay.nbytes, start, self.t))
-                self.rows.append((step, g, lay.index, "host_block", "host", lay.tier, lay.nbytes, start, self.t))
+                self.ev.add(step, lay, COPY, start, self.t)
+                self.ev.add(step, lay, HOST_BLOCK, start, self.t)
             else:
                 queue = self.queues[g]
                 queue.append([q, dur, math.inf if queue else self.t + self.prof.dispatch_s, lay, step])
 
     def steps(self, steps: int) -> list[tuple[int, float, float]]:
-        walk, prof, add = self.walk, self.prof, self.rows.append
+        walk, prof, add = self.walk, self.prof, self.ev.add
         for g in walk.groups:
             self.issue_upto(g, walk.depth[g] - 1)
         bounds = []
@@ -407,40 +411,19 @@ class _SyncEngine:
                             w0 = self.t
                             self.run(0.0, False, until=(g, q))
                             self.run(prof.wake_s, False)  # the waiting host thread is woken
-                            add((step, g, lay.index, "wait", "compute", lay.tier, 0, w0, self.t))
+                            add(step, lay, WAIT, w0, self.t)
                         self.done.discard((g, q))
                     begin = self.t
                     self.run(lay.compute, True)
-                    add((step, g, lay.index, "compute", "compute", lay.tier, 0, begin, self.t))
+                    add(step, lay, COMPUTE, begin, self.t)
                     if k >= 0:
-                        self.mem.append((self.t, -lay.nbytes))
+                        self.ev.mem_t.append(self.t)
+                        self.ev.mem_d.append(-lay.nbytes)
             self.run(prof.step_tail_s, False)
             bounds.append((step, start_step, self.t))
         return bounds
 
 
-def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, rows: list[tuple],
-                 mem: list[tuple[float, int]]) -> list[tuple[int, float, float]]:
+def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:
     """The cpu backend (see :class:`_SyncEngine`)."""
-    return _SyncEngine(walk, prof, rows, mem).steps(steps)
-
-
-def _memory_frame(spec: Any, info: dict[tuple[str, int], _Layer], mem: list[tuple[float, int]]) -> pd.DataFrame:
-    """Device bytes over time: non-layer tensors and resident layers, plus streamed layers in flight."""
-    base = int(spec.non_layer_bytes) + sum(v.nbytes for v in info.values() if v.tier == "resident")
-    pinned = sum(v.nbytes for v in info.values() if v.tier == "pinned")
-    mapped = sum(v.mapped_bytes for v in info.values() if v.tier == "mapped")
-    anon = sum(v.nbytes for v in info.values() if v.tier == "pageable") + \
-        sum(v.nbytes - v.mapped_bytes for v in info.values() if v.tier == "mapped")
-    t = np.fromiter((m[0] for m in mem), dtype="float64", count=len(mem))
-    d = np.fromiter((m[1] for m in mem), dtype="int64", count=len(mem))
-    t = np.concatenate([[0.0], t])
-    d = np.concatenate([[base], d])
-    order = np.argsort(t, kind="stable")
-    n = len(t)
-    return pd.DataFrame({
-        "t_s": t[order], "device_bytes": np.cumsum(d[order]),
-        "pinned_bytes": np.full(n, pinned, dtype="int64"), "anon_bytes": np.full(n, anon, dtype="int64"),
-        "mapped_bytes": np.full(n, mapped, dtype="int64"),
-    })
-
+    return _SyncEngine(walk, prof, ev).steps(steps)

@@ -24,6 +24,7 @@ class _Layer:
     copy_warm: float
     copy_cold: float
     blocks: bool
+    lid: int = -1  # position in the plan's layers: the engine records events by it
 
 
 def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]], dict[str, int]]:
@@ -100,7 +101,7 @@ def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | N
                 cold = profile.copy_seconds(tier, nbytes, mb, cold=True)
             except ProfileError as e:
                 raise ProfileError(f"{e}; the plan streams {g}.{i} from tier {tier!r}") from None
-        info[(g, i)] = _Layer(g, i, tier, nbytes, mb, is_streamed,
-                              profile.compute_seconds(spec, g, i, tokens), warm, cold, profile.blocks_host(tier))
+        info[(g, i)] = _Layer(g, i, tier, nbytes, mb, is_streamed, profile.compute_seconds(spec, g, i, tokens),
+                              warm, cold, profile.blocks_host(tier), lid=len(info))
     return layers, streamed, prefetch, info, used_tiers
 
