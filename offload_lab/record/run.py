@@ -84,19 +84,23 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
     pos = np.searchsorted(ub, step)
     found = pos < nu
     found[found] = ub[pos[found]] == step[found]
-    kind = events["kind"]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # one pass over the strings: each row's index in KINDS (-1: none)
+    kind = pc.index_in(pa.array(events["kind"].array), value_set=pa.array(KINDS)).fill_null(-1).to_numpy()
     s = events["start_s"].to_numpy(dtype="float64")
     e = events["end_s"].to_numpy(dtype="float64")
     d = e - s
-    c, k, w = (np.flatnonzero(found & (kind == name).to_numpy(dtype=bool, na_value=False))
-               for name in ("compute", "copy", "wait"))
+    c, k, w = (np.flatnonzero(found & (kind == KINDS.index(name))) for name in ("compute", "copy", "wait"))
 
     def union_by(ix: np.ndarray) -> np.ndarray:
         """Per step, the length of the union of the intervals ``ix``."""
         if not len(ix):
             return np.zeros(nu)
         p, ss, ee = pos[ix], s[ix], e[ix]
-        o = np.lexsort((ss, p))
+        o = np.argsort(ss, kind="stable")
+        o = o[np.argsort(p[o], kind="stable")]  # by (step, start), as np.lexsort((ss, p)) but cheaper
         p, ss, ee = p[o], ss[o], ee[o]
         n = len(p)
         # running maximum of the ends within each step, exactly: on integer ranks of the ends
@@ -144,16 +148,19 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
     def planned(name: str, dtype: str) -> Any:
         """A column of the plan in its contract dtype (missing: all NA, as a reindex gives)."""
         col = plan_layers[name] if name in plan_layers.columns else pd.Series(np.nan, index=plan_layers.index)
-        return col.astype(dtype).array
+        return col.array if col.dtype == dtype else col.astype(dtype).array
 
     base = {"group": planned("group", "string"), "layer": planned("layer", "int64")}
     vals = {name: np.zeros(n_base) for name in ("copy_s", "compute_s", "stall_s")}
     vals["gbps"] = np.full(n_base, np.nan)
     if len(events) and n_base:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         gnames = list(dict.fromkeys(base["group"].tolist()))
-        gcode = np.full(len(events), -1, dtype="int64")
-        for j, name in enumerate(gnames):  # a handful of groups: a comparison each beats a hash join
-            gcode[(events["group"] == name).to_numpy(dtype=bool, na_value=False)] = j
+        # one pass over the strings: each row's index in the list given (-1: none)
+        gcode = pc.index_in(pa.array(events["group"].array), value_set=pa.array(gnames)).fill_null(-1).to_numpy()
+        kind = pc.index_in(pa.array(events["kind"].array), value_set=pa.array(KINDS)).fill_null(-1).to_numpy()
         layer = events["layer"].to_numpy(dtype="int64")
         span = int(max(layer.max(initial=0), base["layer"].max(), 0) + 1)
         lkey = np.where(gcode >= 0, gcode * span + layer, -1)
@@ -165,7 +172,7 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
         ncell = len(cells)
         per = {}
         for name, kd in (("copy_s", "copy"), ("compute_s", "compute"), ("stall_s", "wait")):
-            sel = (events["kind"] == kd).to_numpy(dtype=bool, na_value=False)
+            sel = kind == KINDS.index(kd)
             per[name] = np.bincount(cell_of[sel], weights=d[sel], minlength=ncell)
             if kd == "copy":  # byte sums are exact in float below 2**53
                 cb = np.bincount(cell_of[sel], weights=events["bytes"].to_numpy(dtype="int64")[sel],
@@ -173,21 +180,20 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
         with np.errstate(divide="ignore", invalid="ignore"):
             per["gbps"] = np.where(per["copy_s"] > 0, cb / np.where(per["copy_s"] > 0, per["copy_s"], 1.0),
                                    np.nan) / 1e9
-        keys, key_of = np.unique(cell_key, return_inverse=True)
+        keys, first, key_of = np.unique(cell_key, return_index=True, return_inverse=True)
+        # cells are sorted by key: lay each key's cells out in a row (NaN-padded) and sort rows
+        rank = np.arange(ncell) - first[key_of]
+        width = int(rank.max()) + 1
+        rows = np.arange(len(keys))
 
         def median_by(v: np.ndarray) -> np.ndarray:
             """Per key, the median of its cells' values that are not NaN (NaN when none)."""
-            out = np.full(len(keys), np.nan)
-            ok = ~np.isnan(v)
-            g, v = key_of[ok], v[ok]
-            if not len(g):
-                return out
-            o = np.lexsort((v, g))
-            g, v = g[o], v[o]
-            start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-            m = np.diff(np.append(start, len(g)))
-            out[g[start]] = (v[start + (m - 1) // 2] + v[start + m // 2]) / 2
-            return out
+            grid = np.full((len(keys), width), np.nan)
+            grid[key_of, rank] = v
+            grid.sort(axis=1)  # NaN sorts last
+            n = (~np.isnan(grid)).sum(axis=1)
+            out = (grid[rows, np.maximum(n - 1, 0) // 2] + grid[rows, n // 2 - (n == 0)]) / 2
+            return np.where(n > 0, out, np.nan)
 
         base_key = (np.array([gnames.index(g) for g in base["group"].tolist()], dtype="int64") * span
                     + np.asarray(base["layer"], dtype="int64"))

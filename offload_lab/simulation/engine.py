@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import uuid
 import warnings
+from collections import Counter
 from typing import Any
 
 import pandas as pd
@@ -99,8 +100,8 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens)
     events, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, passes)
 
-    tiers = layers["tier"].astype(str).value_counts()
-    tier_s = ", ".join(f"{int(tiers[t])} {t}" for t in ("resident", "pinned", "pageable", "mapped") if t in tiers)
+    tiers = Counter(lay.tier for lay in info.values())
+    tier_s = ", ".join(f"{tiers[t]} {t}" for t in ("resident", "pinned", "pageable", "mapped") if t in tiers)
     pf = sorted(set(prefetch.values()))
     auto = f"{profile.name} · {tier_s} · prefetch {pf[0] if len(pf) == 1 else pf}"
     label = auto if label is None else str(label)
@@ -110,7 +111,7 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     ledger = getattr(plan, "ledger", None)
     if ledger:
         params["ledger"] = dict(ledger)
-    resident = layers[layers["tier"] == "resident"]
+    resident = [lay.nbytes for lay in info.values() if lay.tier == "resident"]
     meta = {
         "run": f"sim-{uuid.uuid4().hex[:8]}",
         "label": label,
@@ -126,7 +127,7 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
         "tokens": tokens,
         "steps": steps,
         "init_strategy": "grouped",
-        "init": {"resident_layers": int(len(resident)), "resident_bytes": int(resident["bytes"].sum())},
+        "init": {"resident_layers": len(resident), "resident_bytes": sum(resident)},
         "profile": profile.to_dict(),
     }
     return Run.build(events, bounds, layers, memory=mem, meta=meta, warmup=warmup)
@@ -231,19 +232,18 @@ def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, i
     ev = _Events(list(info.values()))
     engine = _engine_sync if prof.compute_mode == "sync" else _engine_async
     bounds = engine(walk, prof, steps, ev)
-    return ev.frame(), pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]), ev.memory(spec)
+    return ev.frame(steps), pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]), ev.memory(spec)
 
 
 def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:
     """A GPU: the host launches and runs ahead; one link; copies wait on the compute stream.
 
-    The inner loop runs once per layer forward, so it is written for speed: appends bound to
-    locals, ``a if a > b else b`` for ``max`` (same value, no call).
+    The inner loop runs once per layer forward, so it is written for speed: one bound
+    ``extend`` per row, ``a if a > b else b`` for ``max`` (same value, no call).
     """
     hook_s, launch_s, issue_s = prof.hook_s, prof.launch_s, prof.issue_s
     head_s, tail_s = prof.step_head_s, prof.step_tail_s
-    a_step, a_lid, a_kind, a_s, a_e = ev.step.append, ev.lid.append, ev.kind.append, ev.start.append, ev.end.append
-    m_t, m_d = ev.mem_t.append, ev.mem_d.append
+    row, moved = ev.rows.extend, ev.mem.extend
     t = 0.0            # host thread clock
     stream_free = 0.0  # end of the last thing launched on the compute stream
     link_free = 0.0    # the host link, shared by the groups' copy streams
@@ -271,24 +271,26 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
             end = link_free = start + dur
             ends[q] = end
             lid = lay.lid
-            a_step(step), a_lid(lid), a_kind(COPY), a_s(start), a_e(end)
-            m_t(start), m_d(lay.nbytes)
+            row((step, lid, COPY, start, end))
+            moved((start, lay.nbytes))
             if lay.blocks:
-                a_step(step), a_lid(lid), a_kind(HOST_BLOCK), a_s(t), a_e(end)
+                row((step, lid, HOST_BLOCK, t, end))
                 t = end
         issued[g] = q
 
     for g in walk.groups:  # arm
         issue_upto(g, walk.depth[g] - 1)
     bounds = []
-    order = walk.order
+    # per forward position, what the loop reads (no attribute lookups in the loop)
+    order = [(g, lay.lid, lay.compute, k, nS, depth, copy_end[g], -lay.nbytes)
+             for g, lay, k, nS, depth in walk.order]
     for step in range(steps):
         # the cuda backend synchronises the device before marking a step's start
         t = start_step = max(t, stream_free, link_free)
         t += head_s
         for pss in range(passes):
             use = step * passes + pss
-            for g, lay, k, nS, depth in order:
+            for g, lid, compute, k, nS, depth, ends, freed in order:
                 t += hook_s
                 begin = ready = t if t > stream_free else stream_free
                 if k >= 0:
@@ -298,15 +300,15 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
                     if issued[g] < q + depth:
                         issue_upto(g, q + depth)
                         begin = ready = t if t > stream_free else stream_free
-                    ce = copy_end[g].pop(q)
+                    ce = ends.pop(q)
                     if ce > ready:
-                        a_step(step), a_lid(lay.lid), a_kind(WAIT), a_s(ready), a_e(ce)
+                        row((step, lid, WAIT, ready, ce))
                         begin = ce
-                end = stream_free = begin + lay.compute
-                a_step(step), a_lid(lay.lid), a_kind(COMPUTE), a_s(begin), a_e(end)
+                end = stream_free = begin + compute
+                row((step, lid, COMPUTE, begin, end))
                 t += launch_s
                 if k >= 0:
-                    m_t(end), m_d(-lay.nbytes)
+                    moved((end, freed))
         # the end marker is recorded on the compute stream after the host's tail work; then
         # the host synchronises the device
         end_step = max(t + tail_s, stream_free)
@@ -380,8 +382,7 @@ class _SyncEngine:
             q = issued[g] = issued[g] + 1
             lay, step, dur = self.walk.copy_of(g, q)
             self.run(self.prof.issue_s, False)
-            self.ev.mem_t.append(self.t)
-            self.ev.mem_d.append(lay.nbytes)
+            self.ev.mem.extend((self.t, lay.nbytes))
             if lay.blocks:
                 start = self.t
                 self.run(dur, True)
@@ -417,8 +418,7 @@ class _SyncEngine:
                     self.run(lay.compute, True)
                     add(step, lay, COMPUTE, begin, self.t)
                     if k >= 0:
-                        self.ev.mem_t.append(self.t)
-                        self.ev.mem_d.append(-lay.nbytes)
+                        self.ev.mem.extend((self.t, -lay.nbytes))
             self.run(prof.step_tail_s, False)
             bounds.append((step, start_step, self.t))
         return bounds

@@ -24,7 +24,7 @@ _MOVES_BYTES = np.array([True, False, False, True])
 
 def _strings(values: list[str], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``values[codes]`` as a pandas ``string`` array, taken in Arrow (no Python string per row)."""
-    return pd.array(pa.array(values, type=pa.large_string()).take(pa.array(codes)), dtype="string")
+    return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()).take(pa.array(codes)))
 
 
 class _Events:
@@ -32,29 +32,28 @@ class _Events:
 
     def __init__(self, layers: list[_Layer]):
         self.layers = layers
-        self.step: list[int] = []
-        self.lid: list[int] = []
-        self.kind: list[int] = []
-        self.start: list[float] = []
-        self.end: list[float] = []
-        self.mem_t: list[float] = []
-        self.mem_d: list[int] = []
+        # flat: step, layer id, kind code, start, end for each row; one ``extend`` per row is
+        # the cheapest append Python has (the async engine extends it inline)
+        self.rows: list[float] = []
+        self.mem: list[float] = []  # flat: time, bytes added to the device (negative: freed)
 
     def add(self, step: int, lay: _Layer, kind: int, start: float, end: float) -> None:
-        self.step.append(step)
-        self.lid.append(lay.lid)
-        self.kind.append(kind)
-        self.start.append(start)
-        self.end.append(end)
+        self.rows.extend((step, lay.lid, kind, start, end))
 
-    def frame(self) -> pd.DataFrame:
-        """The events frame in contract form, sorted by (start, end) as :meth:`Run.build` keeps it."""
-        s = np.array(self.start, dtype="float64")
-        e = np.array(self.end, dtype="float64")
-        o = _time_order(s, e)
-        s, e = s[o], e[o]
-        lid = np.array(self.lid, dtype="int64")[o]
-        kind = np.array(self.kind, dtype="int64")[o]
+    def frame(self, steps: int) -> pd.DataFrame:
+        """The events frame in contract form, sorted by (start, end) as :meth:`Run.build` keeps it.
+
+        Copies labelled with a step that never ran (prefetch wrapping past the last step) are
+        left out here, as :meth:`Run.build` would, before any string is made.
+        """
+        rows = np.array(self.rows, dtype="float64").reshape(-1, 5)
+        step = rows[:, 0].astype("int64")
+        ran = np.flatnonzero(step < steps)
+        s_all, e_all = rows[:, 3], rows[:, 4]
+        o = ran[_time_order(s_all[ran], e_all[ran])]
+        s, e = s_all[o], e_all[o]
+        lid = rows[o, 1].astype("int64")
+        kind = rows[o, 2].astype("int64")
         lays = self.layers
         groups = list(dict.fromkeys(lay.group for lay in lays))
         tiers = list(dict.fromkeys(lay.tier for lay in lays))
@@ -65,7 +64,7 @@ class _Events:
         n = len(s)
         return pd.DataFrame({
             "run": _strings([""], np.zeros(n, dtype="int64")),
-            "step": np.array(self.step, dtype="int64")[o],
+            "step": step[o],
             "group": _strings(groups, g_of[lid]),
             "layer": index_of[lid],
             "kind": _strings(list(_KINDS), kind),
@@ -83,8 +82,10 @@ class _Events:
         mapped = sum(v.mapped_bytes for v in lays if v.tier == "mapped")
         anon = sum(v.nbytes for v in lays if v.tier == "pageable") + \
             sum(v.nbytes - v.mapped_bytes for v in lays if v.tier == "mapped")
-        t = np.array([0.0] + self.mem_t, dtype="float64")
-        d = np.array([base] + self.mem_d, dtype="int64")
+        flat = np.array(self.mem, dtype="float64").reshape(-1, 2)
+        t = np.concatenate([[0.0], flat[:, 0]])
+        # byte counts pass through float64 here: exact for any layer below 2**53 bytes
+        d = np.concatenate([[base], flat[:, 1].astype("int64")])
         order = np.argsort(t, kind="stable")
         n = len(t)
         return pd.DataFrame({

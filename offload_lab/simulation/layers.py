@@ -53,7 +53,7 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
             if got is None:
                 raise SimError(f"plan does not match spec {spec.name!r}: layer {layer.name} is not in the plan")
             # the planner counts packed-store bytes (tensor slices aligned); either count is fine
-            if got not in (layer.bytes, store_bytes(layer)[0]):
+            if got != layer.bytes and got != store_bytes(layer)[0]:
                 raise SimError(f"plan does not match spec {spec.name!r}: layer {layer.name} has "
                                f"{got} bytes in the plan and {layer.bytes} in the spec")
     bad = sorted(set(layers["tier"].astype(str)) - {"resident", "pinned", "pageable", "mapped"})
