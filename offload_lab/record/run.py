@@ -113,14 +113,15 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
         brk[1:] = (p[1:] != p[:-1]) | (ss[1:] > reach[:-1])
         first = np.flatnonzero(brk)
         last = np.append(first[1:] - 1, n - 1)
-        return np.bincount(p[first], weights=reach[last] - ss[first], minlength=nu)
+        return np.bincount(p[first], weights=reach[last] - ss[first], minlength=nu).astype("float64")
 
     cu, ku = union_by(c), union_by(k)
     both = union_by(np.concatenate([c, k]))
     has_c = np.bincount(pos[c], minlength=nu) > 0
     has_k = np.bincount(pos[k], minlength=nu) > 0
     overlap = np.where(has_c & has_k, cu + ku - both, 0.0)
-    sums = {name: np.bincount(pos[ix], weights=d[ix], minlength=nu)
+    # (np.bincount of nothing counts in ints: hence the casts)
+    sums = {name: np.bincount(pos[ix], weights=d[ix], minlength=nu).astype("float64")
             for name, ix in (("compute_s", c), ("copy_s", k), ("stall_s", w))}
     # float sums of byte counts are exact below 2**53 bytes (9 PB) a step
     moved = np.bincount(pos[k], weights=events["bytes"].to_numpy(dtype="int64")[k], minlength=nu).astype("int64")
@@ -173,7 +174,7 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
         per = {}
         for name, kd in (("copy_s", "copy"), ("compute_s", "compute"), ("stall_s", "wait")):
             sel = kind == KINDS.index(kd)
-            per[name] = np.bincount(cell_of[sel], weights=d[sel], minlength=ncell)
+            per[name] = np.bincount(cell_of[sel], weights=d[sel], minlength=ncell).astype("float64")
             if kd == "copy":  # byte sums are exact in float below 2**53
                 cb = np.bincount(cell_of[sel], weights=events["bytes"].to_numpy(dtype="int64")[sel],
                                  minlength=ncell)
@@ -281,9 +282,11 @@ class Run:
         ev.index = pd.RangeIndex(len(ev))
         if "run" in meta:
             import pyarrow as pa
+            import pyarrow.compute as pc
 
-            one = pa.array([str(meta["run"])], type=pa.large_string())
-            ev["run"] = pd.array(one.take(pa.array(np.zeros(len(ev), dtype="int64"))), dtype="string")
+            run = pa.scalar(str(meta["run"]), type=pa.large_string())
+            if not pc.all(pc.equal(pa.array(ev["run"].array), run), skip_nulls=False).as_py():
+                ev["run"] = pd.arrays.ArrowStringArray(pa.repeat(run, len(ev)))
         mem = pd.DataFrame(memory if memory is not None else [], columns=MEMORY_COLUMNS)
         meta["warmup_dropped"] = int(warmup)
         meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))

@@ -213,7 +213,7 @@ def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
 def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
     """``simulate(...).step_time`` without building the Run's frames (calibration loops on it)."""
     _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
-    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes)
+    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=False)
     kept = bounds.iloc[warmup:]
     return float((kept["end_s"] - kept["start_s"]).median())
 

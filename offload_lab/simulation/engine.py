@@ -98,7 +98,8 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     spec, plan, profile = _resolve_call(plan, device, legacy)
     _check_bounds(spec, steps, passes, warmup, tokens)
     layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens)
-    events, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, passes)
+    run_id = f"sim-{uuid.uuid4().hex[:8]}"
+    events, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, passes, run=run_id)
 
     tiers = Counter(lay.tier for lay in info.values())
     tier_s = ", ".join(f"{tiers[t]} {t}" for t in ("resident", "pinned", "pageable", "mapped") if t in tiers)
@@ -113,7 +114,7 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
         params["ledger"] = dict(ledger)
     resident = [lay.nbytes for lay in info.values() if lay.tier == "resident"]
     meta = {
-        "run": f"sim-{uuid.uuid4().hex[:8]}",
+        "run": run_id,
         "label": label,
         "backend": "sim",
         "simulated": True,
@@ -227,12 +228,17 @@ class _Walk:
 
 
 def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
-                info: dict[tuple[str, int], _Layer], prof: DeviceProfile, steps: int, passes: int):
+                info: dict[tuple[str, int], _Layer], prof: DeviceProfile, steps: int, passes: int,
+                run: str = "", frames: bool = True):
+    """``(events, bounds, memory)`` frames; with ``frames=False`` only the step bounds (the
+    events and memory are None), which is all calibration's step matching reads."""
     walk = _Walk(spec, streamed, prefetch, info, passes)
     ev = _Events(list(info.values()))
     engine = _engine_sync if prof.compute_mode == "sync" else _engine_async
-    bounds = engine(walk, prof, steps, ev)
-    return ev.frame(steps), pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]), ev.memory(spec)
+    bounds = pd.DataFrame(engine(walk, prof, steps, ev), columns=["step", "start_s", "end_s"])
+    if not frames:
+        return None, bounds, None
+    return ev.frame(steps, run), bounds, ev.memory(spec)
 
 
 def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:

@@ -40,7 +40,7 @@ class _Events:
     def add(self, step: int, lay: _Layer, kind: int, start: float, end: float) -> None:
         self.rows.extend((step, lay.lid, kind, start, end))
 
-    def frame(self, steps: int) -> pd.DataFrame:
+    def frame(self, steps: int, run: str = "") -> pd.DataFrame:
         """The events frame in contract form, sorted by (start, end) as :meth:`Run.build` keeps it.
 
         Copies labelled with a step that never ran (prefetch wrapping past the last step) are
@@ -63,7 +63,7 @@ class _Events:
         bytes_of = np.array([lay.nbytes for lay in lays], dtype="int64")
         n = len(s)
         return pd.DataFrame({
-            "run": _strings([""], np.zeros(n, dtype="int64")),
+            "run": _strings([run], np.zeros(n, dtype="int64")),
             "step": step[o],
             "group": _strings(groups, g_of[lid]),
             "layer": index_of[lid],
