@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         d[k] = 0.0  # folded into hook_s by the calibration
     d["provenance"] = {
         "kind": "measured",
-        "machine": f"{big.meta['device_name']}, {big.meta['cuda']['total_memory'] // 2**20} MiB, lent H200 "
+        "machine": f"{big.meta['device_name']}, {big.meta['cuda']['total_memory'] // 2**20} MiB, "
                    "host (16 cores, 128 GiB, gVisor); torch " + big.meta["torch_version"],
         "date": big.meta["created"][:10],
         "runs": [p.name for p in files],
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "not_measured": ["mapped_cold: kept from the estimate (pages were in the page cache in every run)"],
         "command": "scripts/calibrate_h200.py (runs from: PYTHONPATH=. python3 scripts/gpu_check.py --out DIR)",
     }
-    d["notes"] = ("Measured on the lent H200 with scripts/gpu_check.py; pageable and mapped copies are "
+    d["notes"] = ("Measured on an H200 with scripts/gpu_check.py; pageable and mapped copies are "
                   "synchronous for the host thread there, as in the runtime.")
     text = json.dumps(d, indent=1) + "\n"
     path = ROOT / "data/devices/h200.json"
