@@ -1,8 +1,10 @@
 """Predicting a plan's timeline without a GPU: device profiles, the event engine, calibration.
 
 ``profile`` (:class:`DeviceProfile`, shipped :func:`names`) → ``layers`` (a plan checked and
-timed for the engine) → ``engine`` (:func:`simulate`) ; ``runs`` (:func:`plan_of_run`) and
-``calibration`` (:func:`calibrate`) read measured runs back.
+timed for the engine) → ``engine`` (:func:`simulate`, recording into ``events``); ``runs``
+(:func:`plan_of_run`) and
+``calibration`` (:func:`calibrate`) read measured runs back; ``heldout`` measures how well a
+profile predicts runs it was not fitted on.
 """
 
 from offload_lab.simulation.calibration import CPU_PRIOR, calibrate

@@ -13,7 +13,7 @@ acts (every resource is FIFO, so one pass in host order is an exact event simula
 * the **compute stream** runs each layer for its compute time, after the previous layer and
   after the layer's copy (a ``wait`` row covers that gap).
 
-It follows the runtime's semantics (``docs/internals.md``, "Runtime semantics"): per group,
+It follows the runtime's semantics: per group,
 prefetch depth ``p`` (0 included, capped at ``len(S) - 1``) over the group's streamed layers
 ``S`` in execution order, wrapping to the next forward; resident layers issue nothing and are
 never copied in a step; groups run in declared order, each with its own prefetch; the first
