@@ -2,9 +2,8 @@
 
 ``profile`` (:class:`DeviceProfile`, shipped :func:`names`) → ``layers`` (a plan checked and
 timed for the engine) → ``engine`` (:func:`simulate`, recording into ``events``); ``runs``
-(:func:`plan_of_run`) and
-``calibration`` (:func:`calibrate`) read measured runs back; ``heldout`` measures how well a
-profile predicts runs it was not fitted on.
+(:func:`plan_of_run`) and ``calibration`` (:func:`calibrate`) read measured runs back;
+``heldout`` measures how well a profile predicts runs it was not fitted on.
 """
 
 from offload_lab.simulation.calibration import CPU_PRIOR, calibrate
