@@ -267,10 +267,14 @@ class Run:
         with a step that never ran (prefetch that wrapped past the last step) are dropped too.
         """
         meta = dict(meta or {})
-        bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]).sort_values("step")
+        bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"])
+        if not bounds["step"].is_monotonic_increasing:
+            bounds = bounds.sort_values("step")
         ev = _events_frame(events if isinstance(events, pd.DataFrame) else list(events))
         kept = bounds["step"].to_numpy()[warmup:]
-        bounds = bounds[bounds["step"].isin(kept)].reset_index(drop=True)
+        if warmup:
+            bounds = bounds[bounds["step"].isin(kept)]
+        bounds = bounds.reset_index(drop=True)
         # keep the steps that ran, in (start, end) order; the simulator hands its rows over
         # already sorted, so the order is checked before any row is moved
         rows = np.flatnonzero(np.isin(ev["step"].to_numpy(), kept))
@@ -287,7 +291,9 @@ class Run:
             run = pa.scalar(str(meta["run"]), type=pa.large_string())
             if not pc.all(pc.equal(pa.array(ev["run"].array), run), skip_nulls=False).as_py():
                 ev["run"] = pd.arrays.ArrowStringArray(pa.repeat(run, len(ev)))
-        mem = pd.DataFrame(memory if memory is not None else [], columns=MEMORY_COLUMNS)
+        if not (isinstance(memory, pd.DataFrame) and list(memory.columns) == MEMORY_COLUMNS):
+            memory = pd.DataFrame(memory if memory is not None else [], columns=MEMORY_COLUMNS)
+        mem = memory
         meta["warmup_dropped"] = int(warmup)
         meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         meta["steps_measured"] = len(bounds)
