@@ -34,7 +34,7 @@ def make_runs(steps: int = 5):
             "all mapped": offload_lab.plan(spec, tier="mapped", host=host),
             "24 GiB pin budget": offload_lab.plan(spec, pin_budget="24GiB", host=host),
         }
-    runs = [offload_lab.simulate(spec, p, "h200", steps=steps, label=name) for name, p in plans.items()]
+    runs = [offload_lab.simulate(p, "h200", steps=steps, label=name) for name, p in plans.items()]
     return runs, plans["24 GiB pin budget"]
 
 

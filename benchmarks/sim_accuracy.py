@@ -17,10 +17,11 @@ interleaved rounds), then prints per plan:
   copy/compute contention of the CPU from the prefetch-0 vs prefetch-1 contrast).
 
 ``--runs DIR`` reads saved runs instead of measuring: a fixture directory (with its
-``manifest.json``), or any directory of ``*.zip`` runs, e.g. the ``runs/`` that
-``scripts/gpu_check.py`` writes on a GPU (plans rebuilt with ``sim.plan_of_run``; ``--source``
-is then a run's label or file name). Nothing here is a test: CPU timings on a shared machine
-move with the neighbours.
+``manifest.json``) gives the table above; any other directory of ``*.zip`` runs (e.g.
+``data/runs/h200-2026-12-01``, or the ``runs/`` that ``scripts/gpu_check.py`` writes on a GPU)
+gives held-out accuracy for every measured run: leave-one-out, across token counts and across
+model sizes (``offload_lab.simulation.heldout``; observed runs are skipped with a note). Nothing here
+is a test: CPU timings on a shared machine move with the neighbours.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from record_sim_fixtures import build_model, load_plan, make_plans, measure
 
+    from offload_lab import simulation as sim
     from offload_lab.record.run import Run
-    from offload_lab.simulation import engine as sim
 
     if args.runs and (Path(args.runs) / "manifest.json").exists():
         d = Path(args.runs)
@@ -57,19 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         plans = {n: load_plan(manifest, n) for n in runs}
         where = f"saved runs in {d}"
     elif args.runs:
-        d = Path(args.runs)
-        runs = {}
-        for f in sorted(d.glob("*.zip")):
-            run = Run.load(f)
-            runs[f.stem if run.label in runs or args.source == f.stem else run.label] = run
-        if not runs:
-            ap.error(f"no saved runs (*.zip) in {d}")
-        if args.source not in runs:
-            # default: the first run that copied from both pinned and pageable memory
-            both = [n for n, r in runs.items() if {"pinned", "pageable"} <= set(r.events["tier"])]
-            args.source = (both or list(runs))[0]
-        plans = {n: sim.plan_of_run(r)[1] for n, r in runs.items()}
-        where = f"saved runs in {d} (plans rebuilt from each run)"
+        return _held_out(Path(args.runs))
     else:
         import torch
 
@@ -86,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def predict(profile, plan, steps: int) -> float:
         try:
-            return sim.simulate(plan.spec, plan, profile, steps=steps).step_time
+            return sim.simulate(plan, profile, steps=steps).step_time
         except sim.ProfileError:
             return float("nan")  # the profile lacks a tier this plan uses
 
@@ -114,6 +103,37 @@ def main(argv: list[str] | None = None) -> int:
     for col in ("parts_err", "self_err", "cross_err", "all_err"):
         e = table[col].abs().dropna()
         print(f"  {col:9s} median |error| {e.median():.1%}, worst {e.max():.1%}")
+    return 0
+
+
+def _held_out(d: Path) -> int:
+    """The held-out table for a folder of saved runs (see :mod:`offload_lab.simulation.heldout`)."""
+    from offload_lab.record.run import Run
+    from offload_lab.simulation.heldout import held_out
+
+    runs, skipped = {}, []
+    for f in sorted(d.glob("*.zip")):
+        run = Run.load(f)
+        if run.backend == "observe" or run.simulated:
+            skipped.append(f"{f.name} ({'simulated' if run.simulated else 'observed'})")
+            continue
+        runs[f.stem] = run
+    if not runs:
+        print(f"no measured runs (*.zip) in {d}", file=sys.stderr)
+        return 2
+    t = held_out(runs)
+    print(f"simulator vs measured, held out: {len(runs)} measured runs in {d}")
+    if skipped:
+        print(f"skipped (the manager did not drive their copies): {', '.join(skipped)}")
+    print("loo = calibrated on every other run; tokens = only the same model at other token counts; "
+          "model = only the other model size at the same tokens; n/a: no such training run, or none "
+          "copied from this run's tier")
+    fmt = {c: (lambda x: f"{x:+.1%}") for c in t.columns if c.endswith("_err")}
+    print(t.to_string(index=False, formatters=fmt, float_format=lambda x: f"{x:.1f}", na_rep="n/a"))
+    for col in ("loo_err", "tokens_err", "model_err"):
+        e = t[col].abs().dropna()
+        if len(e):
+            print(f"  {col:10s} median |error| {e.median():.1%}, worst {e.max():.1%} over {len(e)} runs")
     return 0
 
 

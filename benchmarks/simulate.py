@@ -11,7 +11,7 @@ Cases:
   RTX 5090 profile; and the same for a 50-step sampling run.
 
 Each case is split into the engine (the discrete-event walk that produces the event rows) and
-``Run.build`` (timeline.py's summary frames), so a slow total says which side to speed up.
+``Run.build`` (the Run's summary frames), so a slow total says which side to speed up.
 Prints one table; the numbers are wall-clock medians (and minima) over ``--repeat`` runs.
 """
 
@@ -43,21 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     import offload_lab as ol
+    from offload_lab import simulation as sim
     from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
     from offload_lab.record.run import Run
-    from offload_lab.simulation import engine as sim
+    from offload_lab.simulation import _run_engine
+    from offload_lab.simulation.layers import _prepare
 
     rows = []
 
     def case(name: str, spec, plan_fn, profile, steps: int, tokens=None) -> None:
         plan = plan_fn()
-        layers, streamed, prefetch, info, _ = sim._prepare(spec, plan, profile, tokens)
-        ev, bounds, mem = sim._run_engine(spec, streamed, prefetch, info, profile, steps, 1)
+        layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens)
+        ev, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, 1)
         plan_t = _time(plan_fn, args.repeat)
-        eng_t = _time(lambda: sim._run_engine(spec, streamed, prefetch, info, profile, steps, 1), args.repeat)
+        eng_t = _time(lambda: _run_engine(spec, streamed, prefetch, info, profile, steps, 1), args.repeat)
         build_t = _time(lambda: Run.build(ev, bounds, plan.layers, mem, {"backend": "sim"}), args.repeat)
-        sim_t = _time(lambda: sim.simulate(spec, plan, profile, steps=steps, tokens=tokens), args.repeat)
-        total_t = _time(lambda: sim.simulate(spec, plan_fn(), profile, steps=steps, tokens=tokens), args.repeat)
+        sim_t = _time(lambda: sim.simulate(plan, profile, steps=steps, tokens=tokens), args.repeat)
+        total_t = _time(lambda: sim.simulate(plan_fn(), profile, steps=steps, tokens=tokens), args.repeat)
         rows.append({
             "case": name, "events": len(ev),
             "plan_ms": plan_t[0] * 1e3, "engine_ms": eng_t[0] * 1e3, "Run.build_ms": build_t[0] * 1e3,

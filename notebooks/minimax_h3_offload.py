@@ -241,7 +241,7 @@ figures.tier_map(strided)
 res_runs = []
 for tokens in (4096, "480p"):
     for name, p in (("leading", leading), ("strided", strided)):
-        res_runs.append(offload_lab.simulate(h3, p, "h200", steps=2, tokens=tokens,
+        res_runs.append(offload_lab.simulate(p, "h200", steps=2, tokens=tokens,
                                              label=f"35 resident, {name} · {tokens} tokens · H200"))
 display(offload_lab.compare(res_runs)[["label", "step_s", "ratio", "stall_s", "exposed_copy_s"]])
 figures.step_times(res_runs)

@@ -174,7 +174,7 @@ for order in ("execution", "reverse", "strided"):
 # (32,760 tokens), one forward per step.
 
 # %%
-sim8 = [offload_lab.simulate(s14, plan8, prof, steps=2) for prof in profiles.values()]
+sim8 = [offload_lab.simulate(plan8, prof, steps=2) for prof in profiles.values()]
 display(offload_lab.compare(sim8)[["label", "step_s", "stall_s", "exposed_copy_s", "overlap"]])
 figures.timeline(sim8[-1], step=1)
 
@@ -242,11 +242,11 @@ base = profiles["rtx4090-pcie4"]
 copy_link = base.replace(name="PCIe 4.0 link at the implied rates", bandwidths={
     **base.bandwidths, "pinned": per_forward / reported["pinned"] / 1e9,
     "pageable": per_forward / reported["pageable"] / 1e9})
-readings_runs = [offload_lab.simulate(s14, offload_lab.plan(s14, tier=t, host=host256), copy_link,
+readings_runs = [offload_lab.simulate(offload_lab.plan(s14, tier=t, host=host256), copy_link,
                                       steps=2, tokens=1024,
                                       label=f"14B, 1k tokens (copy-bound) · {t}")
                  for t in ("pinned", "pageable")]
-readings_runs += [offload_lab.simulate(s13, offload_lab.plan(s13, tier=t, host=host256),
+readings_runs += [offload_lab.simulate(offload_lab.plan(s13, tier=t, host=host256),
                                        profiles["h200"], steps=2, passes=2,
                                        label=f"1.3B, 480p, guidance (compute-bound) · H200 · {t}")
                   for t in ("pinned", "pageable")]
@@ -301,7 +301,7 @@ figures.timeline(measured[1])
 # %%
 fitted = offload_lab.calibrate(measured)
 print(fitted)
-predicted = [offload_lab.simulate(small_spec, offload_lab.plan(small_spec, tier=t), fitted,
+predicted = [offload_lab.simulate(offload_lab.plan(small_spec, tier=t), fitted,
                                   steps=3, label=f"{t} · calibrated on this machine")
              for t in ("pinned", "pageable", "mapped")]
 figures.step_times(measured + predicted)

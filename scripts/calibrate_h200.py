@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import offload_lab
     from offload_lab import catalog, flops
-    from offload_lab.simulation.engine import DeviceProfile
+    from offload_lab.simulation import DeviceProfile
 
     # the main stage's runs (the diffusers-* side-by-side pair is a later, separate stage)
     files = sorted(p for p in Path(args.runs).glob("*.zip") if not p.name.startswith("diffusers-"))

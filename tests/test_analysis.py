@@ -42,7 +42,7 @@ def simulated() -> list[Run]:
         plans = {"pinned": offload_lab.plan(spec, tier="pinned", host=HOST),
                  "pageable": offload_lab.plan(spec, tier="pageable", host=HOST),
                  "8GiB": offload_lab.plan(spec, pin_budget="8GiB", host=HOST)}
-    return [offload_lab.simulate(spec, p, "h200", steps=3, label=name) for name, p in plans.items()]
+    return [offload_lab.simulate(p, "h200", steps=3, label=name) for name, p in plans.items()]
 
 
 def test_compare_one_row_per_run_with_ratio_to_first(measured, simulated):
@@ -177,7 +177,7 @@ def test_analysis_does_not_import_plotly():
 def test_all_resident_run_is_compute_bound():
     spec = catalog.load("wan2.1-t2v-14b")
     plan = offload_lab.plan(spec, resident=40, host=HOST)
-    run = offload_lab.simulate(spec, plan, "h200", steps=2, label="resident")
+    run = offload_lab.simulate(plan, "h200", steps=2, label="resident")
     assert compare(run)["tiers"].iloc[0] == "40 resident"
     m = metrics(run)
     assert m["gbps"] == {} and m["bytes_moved"] == 0

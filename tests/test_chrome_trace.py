@@ -99,7 +99,7 @@ def assert_one_track_per_stream(trace: dict, run: offload_lab.Run) -> None:
 def simulated() -> offload_lab.Run:
     spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     plan = offload_lab.plan(spec, pin_budget="8GiB", host=offload_lab.HostMemory(available="64GiB"))
-    return offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    return offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
 
 
 # -- the trace of real runs ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ DATA = Path(__file__).resolve().parent / "data" / "runs"
 
 def _sim(model: str, tier: str = "pinned", tokens=None, label: str | None = None) -> Run:
     spec = catalog.load(model)
-    return offload_lab.simulate(spec, offload_lab.plan(spec, tier=tier, host=HOST), "h200", steps=2,
+    return offload_lab.simulate(offload_lab.plan(spec, tier=tier, host=HOST), "h200", steps=2,
                                 tokens=tokens, label=label or f"{model} {tier} {tokens}")
 
 

@@ -100,7 +100,7 @@ def test_frames_page_lists_every_column_and_the_format():
     page = (DOCS / "frames.md").read_text(encoding="utf-8")
     spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     plan = offload_lab.plan(spec, host=offload_lab.HostMemory(available="64GiB"))
-    run = offload_lab.simulate(spec, plan, "h200", steps=2)
+    run = offload_lab.simulate(plan, "h200", steps=2)
     for frame in ("events", "layers", "steps", "memory"):
         section = page.split(f"## `run.{frame}`", 1)[1].split("\n## ", 1)[0]
         for column in getattr(run, frame).columns:

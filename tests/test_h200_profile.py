@@ -10,7 +10,7 @@ import pytest
 
 import offload_lab
 from offload_lab import HostMemory, catalog
-from offload_lab.simulation.engine import DeviceProfile
+from offload_lab.simulation import DeviceProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {r.label: r for r in (offload_lab.Run.load(p) for p in sorted(ROOT.glob("data/runs/h200-*/*.zip")))}
@@ -34,7 +34,7 @@ def test_profile_is_measured_and_matches_the_runs():
 def test_simulated_full_size_models_predict_measured_h200_runs(model, tier, label, tol):
     spec = catalog.load(model)
     plan = offload_lab.plan(spec, tier=tier, prefetch=1, host=HostMemory(available="256GiB"))
-    sim = offload_lab.simulate(spec, plan, "h200", steps=2, tokens=32760)
+    sim = offload_lab.simulate(plan, "h200", steps=2, tokens=32760)
     measured = RUNS[label]
     assert sim.simulated and "simulated" in sim.label
     assert measured.backend == "cuda" and not measured.simulated

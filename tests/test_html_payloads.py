@@ -64,7 +64,7 @@ def label_runs():
     host = offload_lab.HostMemory(available="256GiB")
     plans = [offload_lab.plan(spec, tier="pinned", host=host), offload_lab.plan(spec, tier="pageable", host=host),
              offload_lab.plan(spec, pin_budget="8GiB", host=host)]
-    return [offload_lab.simulate(spec, p, "h200", steps=2, tokens="480p", label=lab)
+    return [offload_lab.simulate(p, "h200", steps=2, tokens="480p", label=lab)
             for p, lab in zip(plans, LABELS)]
 
 

@@ -42,7 +42,7 @@ def h3_plan():
 
 @pytest.fixture(scope="module")
 def simulated(h3_plan) -> list[Run]:
-    return [offload_lab.simulate(catalog.load("minimax-h3"), h3_plan, "h200", steps=3, label="h3 on h200")]
+    return [offload_lab.simulate(h3_plan, "h200", steps=3, label="h3 on h200")]
 
 
 @pytest.fixture(scope="module")

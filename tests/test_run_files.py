@@ -23,7 +23,7 @@ ROOT = Path(__file__).parents[1]
 def run():
     spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    return offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    return offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
 
 
 def _members(run, tmp_path):

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import offload_lab as ol
+from offload_lab import simulation as sim
 from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
-from offload_lab.simulation import engine as sim
-from offload_lab.simulation.engine import DeviceProfile, ProfileError, SimError, calibrate, simulate
+from offload_lab.simulation import DeviceProfile, ProfileError, SimError, calibrate, simulate
 
 RUNS = Path(__file__).parent / "data" / "runs"
 HOST = ol.HostMemory(available="64GiB")
@@ -114,23 +114,68 @@ def test_profile_missing_a_tier_the_plan_uses():
     spec = toy()
     only_pinned = prof(bandwidths={"pinned": 1.0})
     with pytest.raises(ProfileError, match=r"no 'pageable' bandwidth.*streams blocks\.0 from tier 'pageable'"):
-        simulate(spec, plan_of(spec, tier="pageable"), only_pinned)
+        simulate(plan_of(spec, tier="pageable"), only_pinned)
     with pytest.raises(ProfileError, match="no 'mapped_warm' bandwidth"):
-        simulate(toy(mapped=True), plan_of(toy(mapped=True), tier="mapped"), only_pinned)
+        simulate(plan_of(toy(mapped=True), tier="mapped"), only_pinned)
     # resident layers need no bandwidth at all
-    simulate(spec, plan_of(spec, resident=4), prof(bandwidths={"pinned": 1.0}), steps=1)
+    simulate(plan_of(spec, resident=4), prof(bandwidths={"pinned": 1.0}), steps=1)
 
 
 def test_spec_plan_mismatch():
+    # only the older call names a spec beside the plan, so only it can disagree with the plan
     plan = plan_of(toy({"blocks": 4}))
-    with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
-        simulate(toy({"blocks": 5}), plan, prof())
-    with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
-        simulate(toy({"blocks": 4}, nbytes=2 * MiB), plan, prof())
-    with pytest.raises(SimError, match="plan groups"):
-        simulate(toy({"other": 4}), plan, prof())
-    with pytest.raises(SimError, match="no layers frame"):
-        simulate(toy(), object(), prof())
+    with pytest.deprecated_call():
+        with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
+            simulate(toy({"blocks": 5}), plan, prof())
+        with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
+            simulate(toy({"blocks": 4}, nbytes=2 * MiB), plan, prof())
+        with pytest.raises(SimError, match="plan groups"):
+            simulate(toy({"other": 4}), plan, prof())
+        with pytest.raises(SimError, match="no layers frame"):
+            simulate(toy(), object(), prof())
+    with pytest.raises(SimError, match="carries no spec"):
+        simulate(object(), prof())
+
+
+def test_old_call_form_warns_and_gives_the_same_run():
+    spec = toy()
+    plan = plan_of(spec, tier="pinned", prefetch=1)
+    with pytest.warns(DeprecationWarning, match=r"call simulate\(plan, device, \.\.\.\)"):
+        old = simulate(spec, plan, prof(), steps=3)
+    new = simulate(plan, prof(), steps=3)
+    assert old.steps["wall_s"].tolist() == new.steps["wall_s"].tolist()
+    with pytest.raises(SimError, match="takes 2 positional arguments"):
+        simulate(plan, prof(), 3)
+    with pytest.raises(SimError, match="needs a device"):
+        simulate(plan)
+
+
+def test_device_by_shipped_name():
+    spec = ol.catalog.load("wan2.1-t2v-1.3b")
+    plan = ol.plan(spec, tier="pinned", host=HOST)
+    by_name = simulate(plan, "h200", steps=2)
+    by_profile = simulate(plan, DeviceProfile.load("h200"), steps=2)
+    assert by_name.steps["wall_s"].tolist() == by_profile.steps["wall_s"].tolist()
+    assert by_name.meta["device_name"] == "h200 (simulated)"
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"steps": 10**8}, r"steps = 100000000; accepted: an int in \[1, 100000\]"),
+    ({"passes": 1000}, r"passes = 1000; accepted: an int in \[1, 64\]"),
+    ({"tokens": 10**23}, r"tokens = 100000000000000000000000; accepted: an int in \[1, 100000000\]"),
+    ({"tokens": 0}, r"tokens = 0; accepted"),
+    ({"tokens": 2.5}, r"tokens = 2.5; accepted"),
+])
+def test_absurd_requests_are_refused_in_one_line(kw, msg):
+    with pytest.raises(SimError, match=msg) as err:
+        simulate(plan_of(toy()), prof(), **kw)
+    assert "\n" not in str(err.value)
+
+
+def test_long_simulations_are_bounded_by_layer_forwards():
+    # 50k steps x 2 passes x 40 layers would be 4 million forwards (over a GB of event rows)
+    with pytest.raises(SimError, match=r"50000 × 2 × 40 = 4000000 layer forwards; accepted: at most 2000000"):
+        simulate(plan_of(toy({"blocks": 40})), prof(), steps=50_000, passes=2)
 
 
 def test_bad_steps_and_missing_compute():
@@ -139,24 +184,24 @@ def test_bad_steps_and_missing_compute():
     for kw, msg in (({"steps": 0}, "steps = 0"), ({"steps": 2, "warmup": 2}, "warmup = 2"),
                     ({"passes": 0}, "passes = 0")):
         with pytest.raises(SimError, match=msg):
-            simulate(spec, plan, prof(), **kw)
+            simulate(plan, prof(), **kw)
     with pytest.raises(ProfileError, match=r"no compute time for layer blocks\.0"):
-        simulate(spec, plan, prof(compute_s={}))
+        simulate(plan, prof(compute_s={}))
     with pytest.raises(SimError, match="not a DeviceProfile"):
-        simulate(spec, plan, 3)
+        simulate(plan, 3)
 
 
 # -- the runtime's semantics, on a GPU-like (async) profile ------------------------------------------
 def test_prefetch_0_serialises_copy_and_compute():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=0), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=0), prof(), steps=3)
     assert run.steps["wall_s"].tolist() == pytest.approx([0.012] * 3)
     assert run.steps["overlap"].tolist() == pytest.approx([0.0] * 3)
 
 
 def test_prefetch_1_hides_copies_shorter_than_compute():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=1), prof(), steps=3)
     # every step = 4 computes; each copy ran beside the previous layer's compute
     assert run.steps["wall_s"].tolist() == pytest.approx([0.008] * 3)
     assert run.steps["stall_s"].tolist() == pytest.approx([0.0] * 3)
@@ -165,7 +210,7 @@ def test_prefetch_1_hides_copies_shorter_than_compute():
 
 def test_copy_bound_prefetch_shows_waits():
     spec = toy(nbytes=3 * MiB)  # 3 ms copies, 1 ms computes
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), prof(compute_s={"blocks": 0.001}), steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=1), prof(compute_s={"blocks": 0.001}), steps=3)
     # layer 0's copy was issued by the previous step; layers 1..3 each wait 2 ms for theirs
     assert run.steps["wall_s"].tolist() == pytest.approx([0.010] * 3)
     assert run.steps["stall_s"].tolist() == pytest.approx([0.006] * 3)
@@ -175,7 +220,7 @@ def test_copy_bound_prefetch_shows_waits():
 
 def test_copy_waits_for_compute_launched_before_it_was_issued():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=2), prof(), steps=2)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=2), prof(), steps=2)
     ev = run.events[run.events["step"] == 1]
     comp = ev[ev["kind"] == "compute"].set_index("layer")
     copies = ev[ev["kind"] == "copy"].set_index("layer")
@@ -187,20 +232,20 @@ def test_copy_waits_for_compute_launched_before_it_was_issued():
 
 def test_pageable_blocks_the_host_and_loses_overlap():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pageable", prefetch=1), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pageable", prefetch=1), prof(), steps=3)
     blocks, copies = rows(run, "host_block"), rows(run, "copy")
     assert len(blocks) == len(copies) == 12
     assert (blocks["stream"] == "host").all()
     assert np.allclose(blocks["end_s"].to_numpy(), copies["end_s"].to_numpy())
     assert run.steps["overlap"].tolist() == pytest.approx([0.0] * 3)
     assert run.steps["wall_s"].tolist() == pytest.approx([0.012] * 3)
-    free = simulate(spec, plan_of(spec, tier="pageable", prefetch=1), prof(pageable_blocks_host=False), steps=3)
+    free = simulate(plan_of(spec, tier="pageable", prefetch=1), prof(pageable_blocks_host=False), steps=3)
     assert free.step_time == pytest.approx(0.008)
 
 
 def test_wrap_around_prefetch_is_labelled_with_the_step_that_uses_it():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=1), prof(), steps=3)
     first_copy = rows(run, "copy", step=2).sort_values("start_s").iloc[0]
     assert first_copy["layer"] == 0
     # issued in step 1's last pre-hook, before step 1's last compute ended
@@ -210,7 +255,7 @@ def test_wrap_around_prefetch_is_labelled_with_the_step_that_uses_it():
 
 def test_resident_layers_are_never_copied_in_a_step():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1, resident=2), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=1, resident=2), prof(), steps=3)
     assert set(rows(run, "copy")["layer"]) == {2, 3}
     assert (run.steps["bytes_moved"] == 2 * MiB).all()
     assert run.meta["init"] == {"resident_layers": 2, "resident_bytes": 2 * MiB}
@@ -222,15 +267,15 @@ def test_copies_move_the_packed_store_the_plan_counts():
     # float32 = 4000 B take 4096 B, and a simulated run must count the same bytes
     spec = toy(nbytes=4000)
     plan = plan_of(spec, tier="pinned")
-    run = simulate(spec, plan, prof(), steps=2)
+    run = simulate(plan, prof(), steps=2)
     assert set(rows(run, "copy")["bytes"]) == {4096} == set(plan.layers["bytes"])
     assert (run.steps["bytes_moved"] == 4 * 4096).all()
 
 
 def test_prefetch_deeper_than_the_streamed_layers_is_capped():
     spec = toy({"blocks": 3})
-    a = simulate(spec, plan_of(spec, tier="pinned", prefetch=2), prof(), steps=3)
-    b = simulate(spec, plan_of(spec, tier="pinned", prefetch=7), prof(), steps=3)
+    a = simulate(plan_of(spec, tier="pinned", prefetch=2), prof(), steps=3)
+    b = simulate(plan_of(spec, tier="pinned", prefetch=7), prof(), steps=3)
     assert a.steps["wall_s"].tolist() == pytest.approx(b.steps["wall_s"].tolist())
     assert (b.steps["bytes_moved"] == 3 * MiB).all()
 
@@ -238,7 +283,7 @@ def test_prefetch_deeper_than_the_streamed_layers_is_capped():
 def test_groups_run_in_declared_order_each_with_its_own_prefetch():
     spec = toy({"refiner": 2, "blocks": 4})
     profile = prof(compute_s={"refiner": 0.001, "blocks": 0.002})
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), profile, steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=1), profile, steps=3)
     comp = rows(run, "compute", step=1).sort_values("start_s")
     assert comp["group"].tolist() == ["refiner"] * 2 + ["blocks"] * 4
     assert comp["layer"].tolist() == [0, 1, 0, 1, 2, 3]
@@ -250,7 +295,7 @@ def test_groups_run_in_declared_order_each_with_its_own_prefetch():
 def test_mapped_first_copy_is_cold():
     spec = toy(mapped=True)
     profile = prof(bandwidths={"mapped_warm": LINK, "mapped_cold": LINK / 4})
-    run = simulate(spec, plan_of(spec, tier="mapped", prefetch=1), profile, steps=3)
+    run = simulate(plan_of(spec, tier="mapped", prefetch=1), profile, steps=3)
     copies = rows(run, "copy")
     cold = copies[copies["step"] == 0].set_index("layer")["dur_s"]
     warm = copies[copies["step"] == 2].set_index("layer")["dur_s"]
@@ -261,7 +306,7 @@ def test_mapped_first_copy_is_cold():
 
 def test_guidance_passes_run_every_layer_twice_per_step():
     spec = toy()
-    run = simulate(spec, plan_of(spec, tier="pinned", prefetch=1), prof(), steps=2, passes=2)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=1), prof(), steps=2, passes=2)
     assert run.steps["wall_s"].tolist() == pytest.approx([0.016] * 2)
     assert (run.steps["bytes_moved"] == 8 * MiB).all()
 
@@ -269,7 +314,7 @@ def test_guidance_passes_run_every_layer_twice_per_step():
 def test_host_overheads_show_when_the_host_is_the_bottleneck():
     spec = toy()
     slow_host = prof(hook_s=0.001, launch_s=0.0015, compute_s={"blocks": 0.001})
-    run = simulate(spec, plan_of(spec, resident=4), slow_host, steps=3)
+    run = simulate(plan_of(spec, resident=4), slow_host, steps=3)
     # 2.5 ms of host work per block launches 1 ms blocks: the compute stream starves, and the
     # step lasts as long as the host's work
     assert run.step_time == pytest.approx(4 * 0.0025)
@@ -279,7 +324,7 @@ def test_host_overheads_show_when_the_host_is_the_bottleneck():
 
 def test_frames_follow_the_contract_and_the_run_is_labelled_simulated(tmp_path):
     spec = toy({"refiner": 2, "blocks": 4})
-    run = simulate(spec, plan_of(spec, pin_budget=3 * MiB, prefetch=1), prof(compute_s={"refiner": 0.001,
+    run = simulate(plan_of(spec, pin_budget=3 * MiB, prefetch=1), prof(compute_s={"refiner": 0.001,
                                                                                         "blocks": 0.002}),
                    steps=4, warmup=1, label="my plan")
     assert run.simulated and run.backend == "sim" and run.meta["simulated"] is True
@@ -295,7 +340,7 @@ def test_frames_follow_the_contract_and_the_run_is_labelled_simulated(tmp_path):
     assert len(run.memory) and run.memory["device_bytes"].min() >= spec.non_layer_bytes
     back = Run.load(run.save(tmp_path / "sim"))
     assert back.equals(run) and back.simulated
-    auto = simulate(spec, plan_of(spec, tier="pinned"), prof(compute_s={"refiner": 0.001, "blocks": 0.002}))
+    auto = simulate(plan_of(spec, tier="pinned"), prof(compute_s={"refiner": 0.001, "blocks": 0.002}))
     assert auto.label.endswith("(simulated)") and "6 pinned" in auto.label
 
 
@@ -306,23 +351,23 @@ def test_flops_compute_model_and_token_scaling():
     spec = ol.catalog.load("wan2.1-t2v-1.3b")
     plan = plan_of(spec, resident=30)
     per_layer = flops.layer_flops(spec, "blocks", "480p")
-    run = simulate(spec, plan, DeviceProfile("r", {"pinned": 1}, tflops=100.0), steps=1, tokens="480p")
+    run = simulate(plan, DeviceProfile("r", {"pinned": 1}, tflops=100.0), steps=1, tokens="480p")
     assert run.layers["compute_s"].tolist() == pytest.approx([per_layer / 100e12] * 30)
     secs = DeviceProfile("s", {"pinned": 1}, compute_s={"blocks": 0.05}, tokens=32760)
-    at720 = simulate(spec, plan, secs, steps=1, tokens="720p")
+    at720 = simulate(plan, secs, steps=1, tokens="720p")
     ratio = flops.layer_flops(spec, "blocks", "720p") / per_layer
     assert at720.layers["compute_s"].iloc[0] == pytest.approx(0.05 * ratio)
-    assert simulate(spec, plan, secs, steps=1).layers["compute_s"].iloc[0] == pytest.approx(0.05)
+    assert simulate(plan, secs, steps=1).layers["compute_s"].iloc[0] == pytest.approx(0.05)
 
 
 # -- the cpu backend's model (sync) ---------------------------------------------------------------
 def test_sync_mode_host_runs_compute_and_engine_copies_share_the_processor():
     spec = toy()
     pinned, pageable = plan_of(spec, tier="pinned", prefetch=1), plan_of(spec, tier="pageable", prefetch=1)
-    apart = simulate(spec, pinned, prof("sync", contention=0.0), steps=3)
-    even = simulate(spec, pinned, prof("sync", contention=1.0, copy_priority=0.5), steps=3)
-    copy_first = simulate(spec, pinned, prof("sync", contention=1.0, copy_priority=1.0), steps=3)
-    blocking = simulate(spec, pageable, prof("sync", contention=1.0), steps=3)
+    apart = simulate(pinned, prof("sync", contention=0.0), steps=3)
+    even = simulate(pinned, prof("sync", contention=1.0, copy_priority=0.5), steps=3)
+    copy_first = simulate(pinned, prof("sync", contention=1.0, copy_priority=1.0), steps=3)
+    blocking = simulate(pageable, prof("sync", contention=1.0), steps=3)
     assert apart.step_time == pytest.approx(0.008)   # copies fully beside compute
     # taking turns: overlapping saves nothing, pinned = pageable = copies + computes
     assert even.step_time == pytest.approx(0.012)
@@ -338,8 +383,8 @@ def test_sync_mode_host_runs_compute_and_engine_copies_share_the_processor():
 def test_sync_mode_thread_hand_offs():
     spec = toy()
     plan = plan_of(spec, tier="pinned", prefetch=0)
-    base = simulate(spec, plan, prof("sync"), steps=3)
-    slow = simulate(spec, plan, prof("sync", dispatch_s=2e-4, wake_s=1e-4), steps=3)
+    base = simulate(plan, prof("sync"), steps=3)
+    slow = simulate(plan, prof("sync", dispatch_s=2e-4, wake_s=1e-4), steps=3)
     assert slow.step_time == pytest.approx(base.step_time + 4 * 3e-4)
     assert rows(slow, "wait")["dur_s"].tolist() == pytest.approx([0.0013] * 12)
     fit = calibrate(slow, match_steps=False)
@@ -352,14 +397,14 @@ def test_calibrate_recovers_a_simulated_profile():
     truth = prof(bandwidths={"pinned": 2.0, "pageable": 0.5}, compute_s={"refiner": 0.001, "blocks": 0.002},
                  hook_s=1e-4)
     plan = plan_of(spec, pin_budget=3 * 3 * MiB, prefetch=1)
-    run = simulate(spec, plan, truth, steps=4)
+    run = simulate(plan, truth, steps=4)
     fit = calibrate(run)
     assert fit.bandwidths == pytest.approx({"pinned": 2.0, "pageable": 0.5})
     assert fit.compute_s["blocks.2"] == pytest.approx(0.002)
     assert fit.compute_s["refiner.1"] == pytest.approx(0.001)
     assert fit.pageable_blocks_host and fit.compute_mode == "async"
     assert fit.provenance["kind"] == "measured" and fit.provenance["backend"] == "sim"
-    again = simulate(spec, plan, fit, steps=4)
+    again = simulate(plan, fit, steps=4)
     assert again.step_time == pytest.approx(run.step_time, rel=0.02)
 
 
@@ -368,16 +413,16 @@ def test_calibrate_on_a_two_pass_step_reproduces_it_with_two_passes():
     # the second one is booked as per-step head time and paid again when simulated
     spec = toy()
     plan = plan_of(spec, tier="pinned", prefetch=1)
-    run = simulate(spec, plan, prof(step_head_s=5e-4), steps=3, passes=2)
+    run = simulate(plan, prof(step_head_s=5e-4), steps=3, passes=2)
     fit = calibrate(run)
     assert fit.step_head_s == pytest.approx(5e-4)
-    assert simulate(spec, plan, fit, steps=3, passes=2).step_time == pytest.approx(run.step_time)
+    assert simulate(plan, fit, steps=3, passes=2).step_time == pytest.approx(run.step_time)
 
 
 def test_calibrate_fits_contention_from_runs_with_and_without_overlap():
     spec = toy()
     truth = prof("sync", contention=0.6, copy_priority=0.75, hook_s=2e-4)
-    runs = [simulate(spec, plan_of(spec, tier="pinned", prefetch=p), truth, steps=5) for p in (0, 1)]
+    runs = [simulate(plan_of(spec, tier="pinned", prefetch=p), truth, steps=5) for p in (0, 1)]
     fit = calibrate(runs, match_steps=False)
     assert fit.compute_mode == "sync" and fit.provenance["contention"] == "fitted"
     assert fit.contention == pytest.approx(0.6, abs=0.03)
@@ -395,8 +440,8 @@ def test_calibrate_refuses_what_it_cannot_use():
     with pytest.raises(SimError, match="needs an offload_lab.Run"):
         calibrate("run.zip")
     spec = toy()
-    a = simulate(spec, plan_of(spec), prof(), steps=1)
-    b = simulate(spec, plan_of(spec), prof("sync"), steps=1)
+    a = simulate(plan_of(spec), prof(), steps=1)
+    b = simulate(plan_of(spec), prof("sync"), steps=1)
     # contention settings are never dropped silently: on a GPU-like run, or half given
     with pytest.raises(SimError, match=r"copy_priority = 0.7 for a 'sim' run.*cpu runs only"):
         calibrate(a, copy_priority=0.7)
@@ -423,7 +468,7 @@ def measured():
 
 
 def _predict(profile: DeviceProfile, plan: Plan, steps: int) -> float:
-    return simulate(plan.spec, plan, profile, steps=steps).step_time
+    return simulate(plan, profile, steps=steps).step_time
 
 
 def test_fixtures_are_measured_cpu_runs_and_small(measured):
@@ -457,7 +502,7 @@ def test_plan_rebuilt_from_a_run_simulates_like_the_plan(measured):
     run = runs["mixed-p1"]
     p = calibrate(run)
     spec, plan = sim.plan_of_run(run)
-    assert simulate(spec, plan, p, steps=4).step_time == pytest.approx(_predict(p, plans["mixed-p1"], 4))
+    assert simulate(plan, p, steps=4).step_time == pytest.approx(_predict(p, plans["mixed-p1"], 4))
     assert plan.streamed_layers("blocks") == plans["mixed-p1"].streamed_layers("blocks")
 
 
@@ -496,8 +541,8 @@ def test_wan21_pinned_vs_pageable_ratio_is_reproduced_and_labelled_simulated():
         hook_s=30e-6, launch_s=150e-6, issue_s=10e-6, step_head_s=0.002,
         provenance={"kind": "estimated", "sources": ["stated in this test to reproduce 1.03 s vs 1.90 s"]})
     host = ol.HostMemory(available="256GiB")
-    pinned = simulate(spec, ol.plan(spec, tier="pinned", host=host), stated, steps=3)
-    pageable = simulate(spec, ol.plan(spec, tier="pageable", host=host), stated, steps=3)
+    pinned = simulate(ol.plan(spec, tier="pinned", host=host), stated, steps=3)
+    pageable = simulate(ol.plan(spec, tier="pageable", host=host), stated, steps=3)
     assert pinned.step_time == pytest.approx(1.03, rel=0.03)
     assert pageable.step_time == pytest.approx(1.90, rel=0.03)
     assert pageable.step_time / pinned.step_time == pytest.approx(1.84, rel=0.03)
@@ -511,7 +556,7 @@ def test_wan21_pinned_vs_pageable_ratio_is_reproduced_and_labelled_simulated():
 def test_h3_operating_point_plans_and_simulates():
     spec = ol.catalog.load("minimax-h3")
     plan = ol.plan(spec, resident=35, residency="strided", host=ol.HostMemory(available="64GiB"))
-    run = simulate(spec, plan, "rtx5090-pcie5", steps=2, tokens="480p")
+    run = simulate(plan, "rtx5090-pcie5", steps=2, tokens="480p")
     assert run.simulated
     assert set(run.events["group"]) == {"token_refiner.blocks", "blocks"}
     streamed = int(plan.layers["streamed"].sum())

@@ -28,7 +28,7 @@ def h3_plan():
 @pytest.fixture(scope="module")
 def h3_sim(h3_plan) -> Run:
     """Two groups (token_refiner.blocks + 50 blocks), pinned and pageable layers, 5 steps."""
-    return offload_lab.simulate(catalog.load("minimax-h3"), h3_plan, "h200", steps=5)
+    return offload_lab.simulate(h3_plan, "h200", steps=5)
 
 
 def _bars(fig) -> int:
@@ -250,7 +250,7 @@ def test_comparison_frame_reads_like_compare(measured, h3_sim):
 
 def test_figures_say_why_they_are_empty():
     spec = catalog.load("wan2.1-t2v-14b")
-    run = offload_lab.simulate(spec, offload_lab.plan(spec, resident=40, host=HOST), "h200", steps=2)
+    run = offload_lab.simulate(offload_lab.plan(spec, resident=40, host=HOST), "h200", steps=2)
     fig = viz.bandwidth([run])
     assert not fig.data and "no timed copies" in fig.layout.annotations[0].text
     # an all-resident run still has a timeline: compute only, no copy lane
@@ -269,7 +269,7 @@ def labelled() -> list[Run]:
     spec = catalog.load("wan2.1-t2v-14b")
     plans = [offload_lab.plan(spec, tier="pinned", host=HOST), offload_lab.plan(spec, tier="pageable", host=HOST),
              offload_lab.plan(spec, pin_budget="8GiB", host=HOST)]
-    return [offload_lab.simulate(spec, p, "h200", steps=2, tokens="480p", label=lab)
+    return [offload_lab.simulate(p, "h200", steps=2, tokens="480p", label=lab)
             for p, lab in zip(plans, LABELS)]
 
 

@@ -9,7 +9,7 @@ and a note saying why.
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
 >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
->>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+>>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
 >>> list(compare([run]).columns)[:6]
 ['label', 'backend', 'simulated', 'tiers', 'step_s', 'ratio']
 """
@@ -59,8 +59,8 @@ def why_not_comparable(a: Run, b: Run) -> str | None:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> why_not_comparable(offload_lab.simulate(spec, plan, "h200", steps=1, tokens=1024),
-    ...                    offload_lab.simulate(spec, plan, "h200", steps=1, tokens=4096))
+    >>> why_not_comparable(offload_lab.simulate(plan, "h200", steps=1, tokens=1024),
+    ...                    offload_lab.simulate(plan, "h200", steps=1, tokens=4096))
     'tokens 1024 vs 4096'
     """
     pairs = (("model", a.meta.get("model"), b.meta.get("model")),
@@ -108,7 +108,7 @@ def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> host = offload_lab.HostMemory(available="256GiB")
     >>> prof = offload_lab.DeviceProfile.load("h200")
-    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
+    >>> runs = [offload_lab.simulate(offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
     ...         for t in ("pinned", "pageable")]
     >>> df = compare(runs)
     >>> list(df["label"]), float(df["ratio"].iloc[0])

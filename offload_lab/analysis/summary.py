@@ -6,7 +6,7 @@ each other is :mod:`offload_lab.analysis.comparison`.
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
 >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
->>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+>>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
 >>> list(offload_lab.compare([run]).columns)[:6]
 ['label', 'backend', 'simulated', 'tiers', 'step_s', 'ratio']
 """
@@ -118,7 +118,7 @@ def bandwidth_by_tier(run: Run) -> pd.DataFrame:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> list(bandwidth_by_tier(run)["tier"])
     ['pinned']
     """
@@ -189,7 +189,7 @@ def bound(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> b = bound(run, bandwidth=50.0)
     >>> b["limit"] in ("compute", "copy"), b["vs_bound"] >= 1.0
     (True, True)
@@ -242,7 +242,7 @@ def metrics(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> m = metrics(offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2))
+    >>> m = metrics(offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2))
     >>> sorted(m["gbps"]), m["simulated"]
     (['pinned'], True)
     """
@@ -283,7 +283,7 @@ def step_spread(run: Run) -> float:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> round(step_spread(offload_lab.simulate(spec, plan, "h200", steps=3)), 2)
+    >>> round(step_spread(offload_lab.simulate(plan, "h200", steps=3)), 2)
     1.0
     """
     wall = pd.to_numeric(_check_run(run).steps["wall_s"], errors="coerce").to_numpy(dtype="float64")
@@ -301,7 +301,7 @@ def is_noisy(run: Run, limit: float = NOISY_SPREAD) -> bool:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> is_noisy(offload_lab.simulate(spec, plan, "h200", steps=3))
+    >>> is_noisy(offload_lab.simulate(plan, "h200", steps=3))
     False
     """
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 1:

@@ -260,7 +260,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     0
     """
     from offload_lab.analysis import summary as analysis
-    from offload_lab.simulation.engine import simulate
+    from offload_lab.simulation import simulate
     from offload_lab.views.figures import fmt_percent, fmt_ratio, fmt_seconds
 
     out = None
@@ -280,7 +280,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _say(f"plan: {p.summary()}")
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
-    run = simulate(spec, p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
+    run = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
                    warmup=args.warmup, passes=args.passes)
     m = analysis.metrics(run)
     kind = profile.provenance.get("kind", "estimated")
@@ -297,7 +297,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _device_profile(text: str) -> Any:
-    from offload_lab.simulation.engine import DeviceProfile, names
+    from offload_lab.simulation import DeviceProfile, names
 
     p = Path(text)
     if p.is_dir():
@@ -363,7 +363,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> _ = offload_lab.simulate(spec, p, "h200", steps=1).save(d / "sim.zip")
+    >>> _ = offload_lab.simulate(p, "h200", steps=1).save(d / "sim.zip")
     >>> cmd_report(build_parser().parse_args(["report", str(d / "sim.zip"),
     ...                                       "--out", str(d / "r.html")]))  # doctest: +ELLIPSIS
     run ...
@@ -401,8 +401,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     h200 ...
     0
     """
+    from offload_lab import simulation as sim
     from offload_lab.model import catalog
-    from offload_lab.simulation import engine as sim
 
     if args.name is not None and not args.name.strip():
         raise CliError(f"catalog NAME '' is empty; accepted: one of {', '.join(catalog.names())}, "

@@ -89,7 +89,7 @@ def _quiet_plan(spec: ModelSpec, **kwargs: Any) -> Plan:
 
 def _setup(args: argparse.Namespace) -> _Setup:
     from offload_lab.model import catalog
-    from offload_lab.simulation.engine import DeviceProfile
+    from offload_lab.simulation import DeviceProfile
 
     spec = catalog.load(args.model)
     backend = _resolve_backend(args.backend)
@@ -155,7 +155,7 @@ def _measure(args: argparse.Namespace, s: _Setup, bar: Progress) -> tuple[list[R
 def _simulate(s: _Setup, bar: Progress) -> list[Run]:
     """All-pinned and all-pageable runs of the full-size model on each demo device profile."""
     from offload_lab.planning.hostmem import HostMemory
-    from offload_lab.simulation.engine import simulate
+    from offload_lab.simulation import simulate
 
     bar.stage(f"simulating the full-size {s.name}")
     host = HostMemory(available=SIM_HOST)

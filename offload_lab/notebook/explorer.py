@@ -72,7 +72,7 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
     - ``fn``: a callable with no arguments that runs one step of the model (``lambda:
       model(**inputs)``); needed only for **Run**.
     - ``profile``: the device profile for **Simulate**: a shipped name (``"h200"``) or a
-      :class:`~offload_lab.simulation.engine.DeviceProfile`; default ``"h200"``.
+      :class:`~offload_lab.simulation.DeviceProfile`; default ``"h200"``.
     - ``host``: the host the plan is made for: a :class:`~offload_lab.planning.hostmem.HostMemory`, a
       size (``"64GiB"`` = a hypothetical host with that much available), or ``None``: this
       machine for a module, else the smallest offered hypothetical host that could pin it all.
@@ -149,7 +149,7 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
 
     @staticmethod
     def _resolve_profiles(profile: Any) -> dict[str, Any]:
-        from offload_lab.simulation.engine import DeviceProfile, names
+        from offload_lab.simulation import DeviceProfile, names
 
         shipped = names()
         profiles: dict[str, Any] = {n: n for n in shipped}
@@ -224,12 +224,12 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
         >>> PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False).simulate().simulated
         True
         """
-        from offload_lab.simulation.engine import simulate
+        from offload_lab.simulation import simulate
 
         if self.plan is None or self.plan_error:
             # the plan on display is the last valid one; simulating it would mislabel the result
             raise ExplorerError(f"the controls make no valid plan to simulate: {self.plan_error}")
-        run = simulate(self.spec, self.plan, self._profile(), steps=int(self.steps.value),
+        run = simulate(self.plan, self._profile(), steps=int(self.steps.value),
                        tokens=self.tokens)
         self._set_last(run, f"simulated on {self.profile_choice.value}: "
                             f"{viz.fmt_seconds(run.step_time)} per step")
@@ -273,7 +273,7 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
 
     def _offer_calibrated(self, run: Run) -> None:
         """Add a profile fitted to the measured run to the profile list (not selected)."""
-        from offload_lab.simulation.engine import calibrate
+        from offload_lab.simulation import calibrate
 
         try:
             fitted = calibrate(run)
@@ -364,7 +364,7 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
         why, short = self.all_pinned_shortfall() if "pinned" in tiers else (None, None)
         if why is not None:
             raise ExplorerError(f"an all-pinned run is not possible: {why}")
-        from offload_lab.simulation.engine import simulate
+        from offload_lab.simulation import simulate
 
         out = []
         for t in tiers:
@@ -372,7 +372,7 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
                 out.append(self.run(**self._tier_overrides(t)))
             else:
                 p = self._make_plan(self.host, **self._tier_overrides(t))
-                run = simulate(self.spec, p, self._profile(), steps=int(self.steps.value),
+                run = simulate(p, self._profile(), steps=int(self.steps.value),
                                tokens=self.tokens)
                 self._set_last(run, f"simulated {t}")
                 out.append(run)

@@ -255,7 +255,7 @@ def summary_bundle(runs: list[Run], figures: bool = True, title: str | None = No
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> b = summary_bundle([offload_lab.simulate(spec, p, "h200", steps=1)], figures=False)
+    >>> b = summary_bundle([offload_lab.simulate(p, "h200", steps=1)], figures=False)
     >>> sorted(b), "simulated" in b["text/plain"]
     (['text/html', 'text/plain'], True)
     """

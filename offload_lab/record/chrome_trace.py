@@ -21,7 +21,7 @@ Intervals without finite times are left out and counted in ``otherData``.
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
 >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
->>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)
+>>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1)
 >>> trace = to_chrome_trace(run)
 >>> sorted({e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"})
 ['compute stream', 'copy stream']
@@ -161,7 +161,7 @@ def to_chrome_trace(run: Run, path: str | os.PathLike | None = None) -> dict:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1)
     >>> trace = to_chrome_trace(run)
     >>> trace["otherData"]["simulated"], sorted({e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"})
     (True, ['compute', 'copy', 'host_block'])

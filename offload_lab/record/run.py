@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.record.intervals import union_length as _union
 from offload_lab.record.schema import (
     EVENT_COLUMNS,
     EVENT_DTYPES,
@@ -68,67 +67,142 @@ def _events_frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
 def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
     """One row per step from the events and the step boundaries (``step, start_s, end_s``).
 
-    Vectorised per step (numpy slices of events sorted by step): the simulator builds Runs
-    of thousands of events on every slider move.
+    Vectorised over steps (the simulator builds Runs of thousands of events on every slider
+    move): interval unions are taken for all steps at once, by sorting on (step, start).
     """
-    step = events["step"].to_numpy()
-    kind = events["kind"].to_numpy(dtype=object)
+    bstep = bounds["step"].to_numpy(dtype="int64")
+    ub, inv = np.unique(bstep, return_inverse=True)
+    nu = len(ub)
+    step = events["step"].to_numpy(dtype="int64")
+    pos = np.searchsorted(ub, step)
+    found = pos < nu
+    found[found] = ub[pos[found]] == step[found]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # one pass over the strings: each row's index in KINDS (-1: none)
+    kind = pc.index_in(pa.array(events["kind"].array), value_set=pa.array(KINDS)).fill_null(-1).to_numpy()
     s = events["start_s"].to_numpy(dtype="float64")
     e = events["end_s"].to_numpy(dtype="float64")
     d = e - s
-    nb = events["bytes"].to_numpy()
-    is_comp, is_copy, is_wait = kind == "compute", kind == "copy", kind == "wait"
-    order = np.argsort(step, kind="stable")
-    sorted_steps = step[order]
-    rows = []
-    for b in bounds.itertuples(index=False):
-        lo, hi = np.searchsorted(sorted_steps, [b.step, b.step + 1])
-        ix = order[lo:hi]
-        c, k, w = ix[is_comp[ix]], ix[is_copy[ix]], ix[is_wait[ix]]
-        cu, ku = _union(s[c], e[c]), _union(s[k], e[k])
-        both = _union(np.concatenate([s[c], s[k]]), np.concatenate([e[c], e[k]]))
-        overlap = cu + ku - both if len(c) and len(k) else 0.0
-        rows.append({
-            "step": int(b.step), "wall_s": float(b.end_s - b.start_s),
-            "compute_s": float(d[c].sum()), "copy_s": float(d[k].sum()), "stall_s": float(d[w].sum()),
-            "exposed_copy_s": max(0.0, ku - overlap),
-            "overlap": (overlap / ku) if ku > 0 else float("nan"),
-            "bytes_moved": int(nb[k].sum()),
-        })
-    df = pd.DataFrame(rows, columns=STEP_COLUMNS)
-    return df.astype({"step": "int64", "bytes_moved": "int64", "wall_s": "float64", "compute_s": "float64",
-                      "copy_s": "float64", "stall_s": "float64", "exposed_copy_s": "float64",
-                      "overlap": "float64"})
+    c, k, w = (np.flatnonzero(found & (kind == KINDS.index(name))) for name in ("compute", "copy", "wait"))
+
+    def union_by(ix: np.ndarray) -> np.ndarray:
+        """Per step, the length of the union of the intervals ``ix``."""
+        if not len(ix):
+            return np.zeros(nu)
+        p, ss, ee = pos[ix], s[ix], e[ix]
+        o = np.argsort(ss, kind="stable")
+        o = o[np.argsort(p[o], kind="stable")]  # by (step, start), as np.lexsort((ss, p)) but cheaper
+        p, ss, ee = p[o], ss[o], ee[o]
+        n = len(p)
+        # running maximum of the ends within each step, exactly: on integer ranks of the ends
+        # offset per step (a float offset would round)
+        by_end = np.argsort(ee, kind="stable")
+        rank = np.empty(n, dtype="int64")
+        rank[by_end] = np.arange(n)
+        reach = ee[by_end][np.maximum.accumulate(rank + p * n) - p * n]
+        brk = np.ones(n, dtype=bool)
+        brk[1:] = (p[1:] != p[:-1]) | (ss[1:] > reach[:-1])
+        first = np.flatnonzero(brk)
+        last = np.append(first[1:] - 1, n - 1)
+        return np.bincount(p[first], weights=reach[last] - ss[first], minlength=nu).astype("float64")
+
+    cu, ku = union_by(c), union_by(k)
+    both = union_by(np.concatenate([c, k]))
+    has_c = np.bincount(pos[c], minlength=nu) > 0
+    has_k = np.bincount(pos[k], minlength=nu) > 0
+    overlap = np.where(has_c & has_k, cu + ku - both, 0.0)
+    # (np.bincount of nothing counts in ints: hence the casts)
+    sums = {name: np.bincount(pos[ix], weights=d[ix], minlength=nu).astype("float64")
+            for name, ix in (("compute_s", c), ("copy_s", k), ("stall_s", w))}
+    # float sums of byte counts are exact below 2**53 bytes (9 PB) a step
+    moved = np.bincount(pos[k], weights=events["bytes"].to_numpy(dtype="int64")[k], minlength=nu).astype("int64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(ku > 0, overlap / np.where(ku > 0, ku, 1.0), np.nan)
+    return pd.DataFrame({
+        "step": bstep,
+        "wall_s": bounds["end_s"].to_numpy(dtype="float64") - bounds["start_s"].to_numpy(dtype="float64"),
+        "compute_s": sums["compute_s"][inv], "copy_s": sums["copy_s"][inv], "stall_s": sums["stall_s"][inv],
+        "exposed_copy_s": np.maximum(0.0, ku - overlap)[inv],
+        "overlap": ratio[inv].astype("float64"),
+        "bytes_moved": moved[inv],
+    }, columns=STEP_COLUMNS)
 
 
 
 def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.DataFrame:
-    """One row per planned layer: the plan's placement plus medians over steps of its intervals."""
-    base = plan_layers.reindex(columns=["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank"])
-    base = base.astype({"group": "string", "layer": "int64"})
-    if len(events):
-        gcode, guniq = pd.factorize(events["group"].to_numpy(dtype=object))
-        kind = events["kind"].to_numpy(dtype=object)
+    """One row per planned layer: the plan's placement plus medians over steps of its intervals.
+
+    Vectorised: per (layer, step) sums by one sort of the events, then medians per layer on
+    the sorted cells (the mean of the two middle values, as pandas' median takes it).
+    """
+    n_base = len(plan_layers)
+
+    def planned(name: str, dtype: str) -> Any:
+        """A column of the plan in its contract dtype (missing: all NA, as a reindex gives)."""
+        col = plan_layers[name] if name in plan_layers.columns else pd.Series(np.nan, index=plan_layers.index)
+        return col.array if col.dtype == dtype else col.astype(dtype).array
+
+    base = {"group": planned("group", "string"), "layer": planned("layer", "int64")}
+    vals = {name: np.zeros(n_base) for name in ("copy_s", "compute_s", "stall_s")}
+    vals["gbps"] = np.full(n_base, np.nan)
+    if len(events) and n_base:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        gnames = list(dict.fromkeys(base["group"].tolist()))
+        # one pass over the strings: each row's index in the list given (-1: none)
+        gcode = pc.index_in(pa.array(events["group"].array), value_set=pa.array(gnames)).fill_null(-1).to_numpy()
+        kind = pc.index_in(pa.array(events["kind"].array), value_set=pa.array(KINDS)).fill_null(-1).to_numpy()
+        layer = events["layer"].to_numpy(dtype="int64")
+        span = int(max(layer.max(initial=0), base["layer"].max(), 0) + 1)
+        lkey = np.where(gcode >= 0, gcode * span + layer, -1)
+        step = events["step"].to_numpy(dtype="int64")
+        smin = int(step.min())
+        cells, cell_of = np.unique(lkey * (int(step.max()) - smin + 1) + (step - smin), return_inverse=True)
+        cell_key = cells // (int(step.max()) - smin + 1)
         d = events["dur_s"].to_numpy(dtype="float64")
-        df = pd.DataFrame({
-            "g": gcode, "layer": events["layer"].to_numpy(), "step": events["step"].to_numpy(),
-            "copy_s": np.where(kind == "copy", d, 0.0), "compute_s": np.where(kind == "compute", d, 0.0),
-            "stall_s": np.where(kind == "wait", d, 0.0),
-            "cb": np.where(kind == "copy", events["bytes"].to_numpy(), 0),
-        })
-        per = df.groupby(["g", "layer", "step"], sort=False).sum()
-        per["gbps"] = per["cb"] / per["copy_s"].where(per["copy_s"] > 0) / 1e9
-        med = per.drop(columns="cb").groupby(level=["g", "layer"], sort=False).median().reset_index()
-        med.insert(0, "group", pd.array(np.asarray(guniq, dtype=object)[med.pop("g").to_numpy()], dtype="string"))
-        med = med.astype({"layer": "int64"})
-    else:
-        med = pd.DataFrame({"group": pd.array([], dtype="string"), "layer": np.array([], dtype="int64"),
-                            "copy_s": [], "compute_s": [], "stall_s": [], "gbps": []})
-    out = base.merge(med[["group", "layer", "copy_s", "compute_s", "stall_s", "gbps"]], on=["group", "layer"], how="left")
-    out[["copy_s", "compute_s", "stall_s"]] = out[["copy_s", "compute_s", "stall_s"]].astype("float64").fillna(0.0)
-    out["gbps"] = out["gbps"].astype("float64")
-    return out.astype({"tier": "string", "bytes": "int64", "mapped_bytes": "int64", "streamed": "bool",
-                       "pin_rank": "Int64"})[LAYER_COLUMNS]
+        ncell = len(cells)
+        per = {}
+        for name, kd in (("copy_s", "copy"), ("compute_s", "compute"), ("stall_s", "wait")):
+            sel = kind == KINDS.index(kd)
+            per[name] = np.bincount(cell_of[sel], weights=d[sel], minlength=ncell).astype("float64")
+            if kd == "copy":  # byte sums are exact in float below 2**53
+                cb = np.bincount(cell_of[sel], weights=events["bytes"].to_numpy(dtype="int64")[sel],
+                                 minlength=ncell)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per["gbps"] = np.where(per["copy_s"] > 0, cb / np.where(per["copy_s"] > 0, per["copy_s"], 1.0),
+                                   np.nan) / 1e9
+        keys, first, key_of = np.unique(cell_key, return_index=True, return_inverse=True)
+        # cells are sorted by key: lay each key's cells out in a row (NaN-padded) and sort rows
+        rank = np.arange(ncell) - first[key_of]
+        width = int(rank.max()) + 1
+        rows = np.arange(len(keys))
+
+        def median_by(v: np.ndarray) -> np.ndarray:
+            """Per key, the median of its cells' values that are not NaN (NaN when none)."""
+            grid = np.full((len(keys), width), np.nan)
+            grid[key_of, rank] = v
+            grid.sort(axis=1)  # NaN sorts last
+            n = (~np.isnan(grid)).sum(axis=1)
+            out = (grid[rows, np.maximum(n - 1, 0) // 2] + grid[rows, n // 2 - (n == 0)]) / 2
+            return np.where(n > 0, out, np.nan)
+
+        base_key = (np.array([gnames.index(g) for g in base["group"].tolist()], dtype="int64") * span
+                    + np.asarray(base["layer"], dtype="int64"))
+        at = np.searchsorted(keys, base_key)
+        hit = at < len(keys)
+        hit[hit] = keys[at[hit]] == base_key[hit]
+        for name in vals:
+            vals[name][hit] = median_by(per[name])[at[hit]]
+        for name in ("copy_s", "compute_s", "stall_s"):
+            vals[name] = np.nan_to_num(vals[name], nan=0.0)
+    return pd.DataFrame({
+        **base, "tier": planned("tier", "string"), "bytes": planned("bytes", "int64"),
+        "mapped_bytes": planned("mapped_bytes", "int64"), "streamed": planned("streamed", "bool"),
+        "pin_rank": planned("pin_rank", "Int64"), **vals,
+    }, columns=LAYER_COLUMNS)
 
 
 class Run:
@@ -139,7 +213,7 @@ class Run:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> run.simulated, list(run.steps.columns)[:3]
     (True, ['step', 'wall_s', 'compute_s'])
 
@@ -174,14 +248,33 @@ class Run:
         with a step that never ran (prefetch that wrapped past the last step) are dropped too.
         """
         meta = dict(meta or {})
-        bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"]).sort_values("step")
+        bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"])
+        if not bounds["step"].is_monotonic_increasing:
+            bounds = bounds.sort_values("step")
         ev = _events_frame(events if isinstance(events, pd.DataFrame) else list(events))
-        kept = bounds["step"].tolist()[warmup:]
-        bounds = bounds[bounds["step"].isin(kept)].reset_index(drop=True)
-        ev = ev[ev["step"].isin(kept)].sort_values(["start_s", "end_s"], kind="stable").reset_index(drop=True)
+        kept = bounds["step"].to_numpy()[warmup:]
+        if warmup:
+            bounds = bounds[bounds["step"].isin(kept)]
+        bounds = bounds.reset_index(drop=True)
+        # keep the steps that ran, in (start, end) order; the simulator hands its rows over
+        # already sorted, so the order is checked before any row is moved
+        rows = np.flatnonzero(np.isin(ev["step"].to_numpy(), kept))
+        s, e = ev["start_s"].to_numpy()[rows], ev["end_s"].to_numpy()[rows]
+        tie = s[1:] == s[:-1]
+        if (s[1:] < s[:-1]).any() or (e[1:][tie] < e[:-1][tie]).any():
+            rows = rows[np.lexsort((e, s))]
+        ev = ev.take(rows) if len(rows) != len(ev) or (rows != np.arange(len(ev))).any() else ev.copy(deep=False)
+        ev.index = pd.RangeIndex(len(ev))
         if "run" in meta:
-            ev["run"] = str(meta["run"])
-        mem = pd.DataFrame(memory if memory is not None else [], columns=MEMORY_COLUMNS)
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            run = pa.scalar(str(meta["run"]), type=pa.large_string())
+            if not pc.all(pc.equal(pa.array(ev["run"].array), run), skip_nulls=False).as_py():
+                ev["run"] = pd.arrays.ArrowStringArray(pa.repeat(run, len(ev)))
+        if not (isinstance(memory, pd.DataFrame) and list(memory.columns) == MEMORY_COLUMNS):
+            memory = pd.DataFrame(memory if memory is not None else [], columns=MEMORY_COLUMNS)
+        mem = memory
         meta["warmup_dropped"] = int(warmup)
         meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         meta["steps_measured"] = len(bounds)
@@ -241,7 +334,7 @@ class Run:
         >>> import tempfile, offload_lab
         >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
         >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-        >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)
+        >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1)
         >>> where = Path(tempfile.mkdtemp()) / "sim"
         >>> run.save(where).name, Run.load(where).equals(run)
         ('sim.zip', True)

@@ -13,7 +13,7 @@ would otherwise be interpreted; escaped, plotly.js decodes them back and shows t
 >>> from offload_lab import figures
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
 >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
->>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+>>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
 >>> fig = figures.timeline(run)
 >>> "SIMULATED" in fig.layout.title.text
 True
@@ -112,7 +112,7 @@ def run_name(run: Run, limit: int | None = None) -> str:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run_name(offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1, label="a"))
+    >>> run_name(offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1, label="a"))
     'a (simulated)'
     """
     label = run.label
@@ -129,7 +129,7 @@ def run_names(runs: Sequence[Run], width: int = 30) -> tuple[str, list[str]]:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> host = offload_lab.HostMemory(available="256GiB")
-    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), "h200", steps=1,
+    >>> runs = [offload_lab.simulate(offload_lab.plan(spec, tier=t, host=host), "h200", steps=1,
     ...                              label=f"h200 · 480p tokens · {t}") for t in ("pinned", "pageable")]
     >>> run_names(runs)
     ('h200 · 480p tokens', ['pinned (simulated)', 'pageable (simulated)'])
@@ -317,7 +317,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="256GiB"))
-    >>> run = offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)
+    >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> sorted({t.name for t in timeline(run).data})[:2]
     ['compute · pageable', 'copy · pageable']
     """
@@ -507,7 +507,7 @@ def memory(run: Run) -> go.Figure:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> fig = memory(offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1))
+    >>> fig = memory(offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1))
     >>> "SIMULATED" in fig.layout.title.text
     True
     """
@@ -543,7 +543,7 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> host, prof = offload_lab.HostMemory(available="256GiB"), offload_lab.DeviceProfile.load("h200")
-    >>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
+    >>> runs = [offload_lab.simulate(offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
     ...         for t in ("pinned", "pageable")]
     >>> list(step_times(runs).data[0].y)
     ['pinned (simulated)', 'pageable (simulated)']
@@ -599,7 +599,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> fig = bandwidth([offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
+    >>> fig = bandwidth([offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
     >>> [t.name for t in fig.data]
     ['pinned']
     """

@@ -11,7 +11,7 @@ escapes, so a label such as ``</script>`` cannot end a script element (the tests
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
 >>> host, prof = offload_lab.HostMemory(available="256GiB"), offload_lab.DeviceProfile.load("h200")
->>> runs = [offload_lab.simulate(spec, offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
+>>> runs = [offload_lab.simulate(offload_lab.plan(spec, tier=t, host=host), prof, steps=2, label=t)
 ...         for t in ("pinned", "pageable")]
 >>> rep = offload_lab.report(runs, title="pinned vs pageable")
 >>> path = rep.save("/tmp/offload-report-doctest.html")
@@ -89,7 +89,7 @@ class Report:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> rep = report([offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=2)], plan=plan)
+    >>> rep = report([offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)], plan=plan)
     >>> "timeline-0" in rep.figures and "plan-tier-map" in rep.figures
     True
     """
@@ -206,7 +206,7 @@ class Report:
         >>> import offload_lab
         >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
         >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-        >>> run = offload_lab.simulate(spec, plan, "h200", steps=1, label="<b>x</b>")
+        >>> run = offload_lab.simulate(plan, "h200", steps=1, label="<b>x</b>")
         >>> "&lt;b&gt;x&lt;/b&gt;" in report([run]).to_html()
         True
         """
@@ -220,7 +220,7 @@ class Report:
         >>> import offload_lab
         >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
         >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-        >>> rep = report([offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
+        >>> rep = report([offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
         >>> rep.save("/tmp/offload-report-doctest.html").suffix
         '.html'
         """
@@ -259,7 +259,7 @@ def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = Non
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> rep = report([offload_lab.simulate(spec, plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
+    >>> rep = report([offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1)])
     >>> rep.runs[0].simulated
     True
     """

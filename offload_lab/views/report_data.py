@@ -108,7 +108,7 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
     >>> from offload_lab.analysis.summary import metrics
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> runs = [offload_lab.simulate(spec, plan, "h200", steps=2, label="a")]
+    >>> runs = [offload_lab.simulate(plan, "h200", steps=2, label="a")]
     >>> row = run_rows(runs, compare(runs), [metrics(r) for r in runs])[0]
     >>> row["label"], row["reference"], row["noise"]
     ('a (simulated)', True, '')
@@ -144,7 +144,7 @@ def env_row(r: Run) -> list[str]:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> env_row(offload_lab.simulate(spec, plan, "h200", steps=1))[:2]
+    >>> env_row(offload_lab.simulate(plan, "h200", steps=1))[:2]
     ['sim', 'h200 (simulated)']
     """
     h = r.meta.get("host") if isinstance(r.meta.get("host"), dict) else {}

@@ -6,7 +6,7 @@ say :func:`noise_note` for a run whose step times disagree. No plotly here.
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
 >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
->>> comparison_frame([offload_lab.simulate(spec, p, "h200", steps=1)])["step"][0].endswith("s")
+>>> comparison_frame([offload_lab.simulate(p, "h200", steps=1)])["step"][0].endswith("s")
 True
 """
 
@@ -33,7 +33,7 @@ def noise_note(run: Run, limit: float = NOISY_SPREAD) -> str | None:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
-    >>> noise_note(offload_lab.simulate(spec, plan, "h200", steps=3)) is None
+    >>> noise_note(offload_lab.simulate(plan, "h200", steps=3)) is None
     True
     """
     if not is_noisy(run, limit):
@@ -61,7 +61,7 @@ def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> df = comparison_frame([offload_lab.simulate(spec, p, "h200", steps=1)])
+    >>> df = comparison_frame([offload_lab.simulate(p, "h200", steps=1)])
     >>> list(df.columns)
     ['run', 'backend', 'tiers', 'step', 'ratio', 'stall', 'exposed copy', 'overlap', 'vs bound', 'note']
     >>> df["backend"][0]

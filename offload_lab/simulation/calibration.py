@@ -1,0 +1,430 @@
+"""Fitting a :class:`~offload_lab.simulation.profile.DeviceProfile` to measured runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from offload_lab.record.run import Run
+from offload_lab.simulation import _run_engine
+from offload_lab.simulation.errors import SimError
+from offload_lab.simulation.layers import _prepare
+from offload_lab.simulation.profile import DeviceProfile
+from offload_lab.simulation.runs import plan_of_run
+
+__all__ = ["calibrate", "CPU_PRIOR"]
+
+#: (contention, copy_priority) assumed for a cpu run that cannot show its own: the two take
+#: turns and the copy goes first. Fitted on this project's fixture runs (tests/data/runs, a
+#: 2-core machine): a block's compute lasts as much longer as the copy beside it ran, while the
+#: copy keeps its speed (a memcpy thread takes the memory bandwidth a small-batch block needs).
+CPU_PRIOR = (1.0, 1.0)
+
+
+def calibrate(run: Run | list[Run], name: str | None = None, contention: float | None = None,
+              copy_priority: float | None = None, tokens: int | None = None,
+              match_steps: bool = True) -> DeviceProfile:
+    """Fit a :class:`DeviceProfile` to a measured run, or to several runs of one model and machine.
+
+    - **Bandwidth** per tier: the median of ``bytes / seconds`` over its copies; ``mapped_cold``
+      from each mapped layer's first copy when a run starts at the manager's first step (warm-up
+      usually drops it). A mapped layer's non-view bytes are credited to the pageable rate when
+      the runs have one.
+    - **Compute**: each layer's median forward time (``compute_s["group.layer"]``).
+    - **Host**: ``hook_s`` is the median gap between consecutive computes that is neither a host
+      block nor a wait; ``step_head_s`` the step's wall time outside its layers; on cpu runs,
+      ``dispatch_s`` (a queued copy's start after the host began waiting for it) and ``wake_s``
+      (the host resuming after the copy ended), medians over the waits.
+    - **Steps** (``match_steps``, default on): what the parts leave unexplained of the median
+      step (non-layer work, interpreter pauses, scheduling noise) is added to ``step_head_s``, so
+      the profile reproduces the median step of the runs it was fitted on.
+    - **Blocking**: whether pageable / mapped copies left ``host_block`` rows.
+    - **Contention** (cpu runs, ``compute_mode="sync"``): a copy-engine thread and the host's
+      work share the machine. How much longer the host's work lasts per second of overlap with
+      an engine copy (``contention * copy_priority``), and the copy per second of overlap with
+      the host's work (``contention * (1 - copy_priority)``), are fitted from the same layer
+      seen both alone and overlapped (e.g. a prefetch-0 and a prefetch-1 run passed together).
+      A side without that contrast takes :data:`CPU_PRIOR`; ``contention`` given here (with
+      ``copy_priority``, else the prior's) overrides both sides. Durations are de-rated to what
+      each takes alone.
+
+    ``provenance`` is ``measured`` with the backend, device, creation time and label of the runs.
+    ``tokens`` (default: the runs' ``meta["tokens"]``) is the video token count the runs used, so
+    that :func:`simulate` can scale the per-layer seconds to other token counts by FLOPs.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> sim = offload_lab.simulate(plan, "h200", steps=3)
+    >>> fit = calibrate(sim)
+    >>> fit.provenance["kind"], round(offload_lab.simulate(plan, fit, steps=3).step_time / sim.step_time, 6)
+    ('measured', 1.0)
+
+    Not fitted: ``launch_s`` and ``issue_s`` (folded into ``hook_s``), ``copy_latency_s`` (folded
+    into the bandwidths) and ``step_tail_s`` (folded into ``step_head_s``).
+    """
+    runs, backend, sync = _check_runs(run, contention, copy_priority)
+    parts = [_observe(r, sync) for r in runs]
+    cat = _gather(parts)
+    comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority)
+    gaps = [_fit_host_gaps(r.events, r.steps) for r in runs]
+    dispatch = np.concatenate([p["dispatch"] for p in parts])
+    wake = np.concatenate([p["wake"] for p in parts])
+    block_tiers = set().union(*(p["block_tiers"] for p in parts))
+    copy_tiers = set(cat["copy_tier"].tolist())
+    if tokens is None:
+        t = runs[0].meta.get("tokens")
+        tokens = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
+    labels = [r.label for r in runs]
+    prof = DeviceProfile(
+        name=name or f"calibrated-{backend}",
+        bandwidths=_fit_bandwidths(cat, copy_d),
+        hook_s=float(np.median([g[0] for g in gaps])),
+        step_head_s=float(np.median([g[1] for g in gaps])),
+        dispatch_s=float(np.median(dispatch)) if sync and len(dispatch) else 0.0,
+        wake_s=float(np.median(wake)) if sync and len(wake) else 0.0,
+        pageable_blocks_host=("pageable" in block_tiers) if "pageable" in copy_tiers else True,
+        mapped_blocks_host=("mapped" in block_tiers) if "mapped" in copy_tiers else True,
+        compute_s=_fit_compute(cat, comp_d),
+        tokens=tokens,
+        compute_mode="sync" if sync else "async",
+        contention=float(c),
+        copy_priority=float(prio),
+        provenance={"kind": "measured", "backend": backend,
+                    "machine": runs[0].meta.get("device_name") or backend,
+                    "date": max(str(r.meta.get("created", "")) for r in runs) or None,
+                    "runs": [r.meta.get("run") for r in runs], "labels": labels,
+                    "steps": int(sum(len(r.steps) for r in runs)),
+                    "contention": how},
+        notes=f"calibrated from {', '.join(repr(x) for x in labels)}",
+    )
+    return _match_steps(prof, runs) if match_steps else prof
+
+
+def _check_runs(run: Any, contention: Any, copy_priority: Any) -> tuple[list[Run], str, bool]:
+    """The runs to fit, their backend, and whether they ran in sync mode (cpu backend)."""
+    runs = [run] if isinstance(run, Run) else list(run) if isinstance(run, (list, tuple)) else None
+    if not runs or not all(isinstance(r, Run) for r in runs):
+        raise SimError(f"calibrate needs an offload_lab.Run or a non-empty list of them, got {run!r:.80}")
+    backends = {r.backend for r in runs}
+    models = {r.meta.get("model") for r in runs}
+    if len(backends) > 1 or len(models) > 1:
+        raise SimError(f"calibrate takes runs of one model on one backend; got backends {sorted(backends)} "
+                       f"and models {sorted(map(str, models))}")
+    backend = runs[0].backend
+    sim_prof = runs[0].meta.get("profile") or {}
+    sync = backend == "cpu" or (backend == "sim" and sim_prof.get("compute_mode") == "sync")
+    if not sync and (contention or copy_priority is not None):
+        raise SimError(f"contention = {contention!r}, copy_priority = {copy_priority!r} for a {backend!r} "
+                       f"run; both are modelled for cpu runs only (leave them None)")
+    if contention is None and copy_priority is not None:
+        raise SimError(f"copy_priority = {copy_priority!r} without contention; pass contention= too "
+                       f"(a number in [0, 1]), or neither to fit both from the runs")
+    return runs, backend, sync
+
+
+def _gather(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' observations (:func:`_observe`) concatenated, computes keyed by (run, step)."""
+    cat = {k: np.concatenate([p[k] for p in parts]) for k in ("comp_d", "comp_o", "copy_d", "copy_o",
+                                                              "copy_bytes", "copy_mb", "copy_first",
+                                                              "copy_engine")}
+    cat["comp_key"] = [k for p in parts for k in p["comp_key"]]
+    # (run, step) of each compute, as one number
+    cat["comp_step"] = np.concatenate([p["comp_step"] + n * 1_000_000 for n, p in enumerate(parts)])
+    cat["copy_key"] = [k for p in parts for k in p["copy_key"]]
+    cat["copy_tier"] = np.concatenate([p["copy_tier"] for p in parts])
+    return cat
+
+
+def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None,
+                    copy_priority: float | None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
+    """Compute and copy durations de-rated to what each takes alone, ``contention``,
+    ``copy_priority`` and how they were found (sync mode only; async runs keep theirs)."""
+    comp_d, copy_d = cat["comp_d"], cat["copy_d"]
+    if not sync:
+        return comp_d, copy_d, 0.0, 0.5, "none"
+    eng = cat["copy_engine"]
+    if contention is not None:
+        c = float(contention)
+        prio = float(copy_priority) if copy_priority is not None else CPU_PRIOR[1]
+        s_h, s_k, how = c * prio, c * (1.0 - prio), "given"
+    else:
+        # how much longer the host's work (computes, blocking copies) and the engine's copies
+        # last per second of overlap with each other
+        s_h = _fit_stretch(np.concatenate([comp_d, copy_d[~eng]]),
+                           np.concatenate([cat["comp_o"], cat["copy_o"][~eng]]),
+                           [("c",) + k for k in cat["comp_key"]]
+                           + [("b",) + k for k, e in zip(cat["copy_key"], eng) if not e])
+        s_k = _fit_stretch(copy_d[eng], cat["copy_o"][eng], [k for k, e in zip(cat["copy_key"], eng) if e])
+        fitted = [n for n, v in (("host", s_h), ("copy", s_k)) if v is not None]
+        how = ("fitted" if len(fitted) == 2 else f"{fitted[0]} side fitted, other prior" if fitted
+               else "prior (no run shows the same layer both alone and overlapped)")
+        s_h = s_h if s_h is not None else CPU_PRIOR[0] * CPU_PRIOR[1]
+        s_k = s_k if s_k is not None else CPU_PRIOR[0] * (1.0 - CPU_PRIOR[1])
+        c = min(1.0, s_h + s_k)
+        prio = s_h / (s_h + s_k) if s_h + s_k > 0 else 0.5
+    comp_d = comp_d - s_h * cat["comp_o"]
+    copy_d = copy_d - np.where(eng, s_k, s_h) * cat["copy_o"]
+    return comp_d, copy_d, c, prio, how
+
+
+def _fit_bandwidths(cat: dict[str, Any], copy_d: np.ndarray) -> dict[str, float]:
+    """GB/s per tier: medians of bytes / seconds; mapped split into warm and cold copies."""
+    bandwidths: dict[str, float] = {}
+    tiers = cat["copy_tier"]
+    nbytes = cat["copy_bytes"]
+    gbps = nbytes / np.maximum(copy_d, 1e-12) / 1e9
+    for tier in ("pinned", "pageable"):
+        sel = tiers == tier
+        if sel.any():
+            bandwidths[tier] = float(np.median(gbps[sel]))
+    msel = tiers == "mapped"
+    if msel.any():
+        mb = cat["copy_mb"][msel]
+        secs = copy_d[msel]
+        if "pageable" in bandwidths:
+            secs = secs - (nbytes[msel] - mb) / (bandwidths["pageable"] * 1e9)
+        else:
+            mb = nbytes[msel]  # no pageable rate known: credit the whole copy to the mapped rate
+        rate = mb / np.maximum(secs, 1e-12) / 1e9
+        first = cat["copy_first"][msel]
+        if first.any() and (~first).any():
+            bandwidths["mapped_warm"] = float(np.median(rate[~first]))
+            bandwidths["mapped_cold"] = float(np.median(rate[first]))
+        else:
+            bandwidths["mapped_warm"] = float(np.median(rate))
+    return bandwidths
+
+
+def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
+    """Seconds per forward of each ``"group.layer"``."""
+    names_ = [f"{g}.{i}" for g, i in cat["comp_key"]]
+    per_layer = pd.Series(comp_d).groupby(names_).median()
+    # medians per layer miss what a disturbed step spreads over all its layers; scale them so a
+    # step's compute adds up to the median step's (1.0 on a quiet run)
+    per_step = pd.Series(comp_d).groupby(cat["comp_step"]).sum()
+    typical = pd.Series(per_layer.reindex(names_).to_numpy()).groupby(cat["comp_step"]).sum()
+    k = float(np.median(per_step.to_numpy() / typical.to_numpy())) if float(typical.min()) > 0 else 1.0
+    return {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
+
+
+def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
+    """``simulate(...).step_time`` without building the Run's frames (calibration loops on it)."""
+    _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
+    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=False)
+    kept = bounds.iloc[warmup:]
+    return float((kept["end_s"] - kept["start_s"]).median())
+
+
+def _match_steps(prof: DeviceProfile, runs: list[Run]) -> DeviceProfile:
+    """Put what the model leaves unexplained of the runs' median step into ``step_head_s``.
+
+    The other fits explain a step from its parts; time they miss (non-layer work, interpreter
+    pauses, a shared machine's scheduling) is still paid once per step. Simulating each run's
+    own plan and moving the median residual into the per-step head makes the profile reproduce
+    the median steps it was fitted on; other plans then test the fit. A few rounds, since in
+    sync mode head time also lets a copy thread progress.
+    """
+    for _ in range(4):
+        resid = []
+        for r in runs:
+            spec, plan = plan_of_run(r)
+            warm = int(r.meta.get("warmup_dropped", 0) or 0)
+            got = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm,
+                               passes=_passes_of(r))
+            resid.append(r.step_time - got)
+        delta = float(np.median(resid))
+        head = max(0.0, prof.step_head_s + delta)
+        if abs(head - prof.step_head_s) <= 1e-4 * max(r.step_time for r in runs):
+            break
+        prof = prof.replace(step_head_s=head)
+    return prof
+
+
+def _passes_of(run: Run) -> int:
+    """Forwards per step, as the run shows them (each layer computes twice in a CFG step).
+
+    Step matching must simulate the same number, or the missing forwards would be booked as
+    per-step head time and counted again when the profile is simulated with ``passes``.
+    """
+    comp = run.events[run.events["kind"] == "compute"]
+    if not len(comp):
+        return 1
+    return max(1, int(round(comp.groupby(["step", "group", "layer"]).size().median())))
+
+
+def _observe(run: Run, sync: bool) -> dict[str, Any]:
+    """One run's compute and copy durations, how long each overlapped competing work, and keys."""
+    ev = run.events
+    if not len(ev) or not len(run.steps):
+        raise SimError(f"run {run.label!r} has no events or no measured steps to calibrate from")
+    kinds = ev["kind"].astype(str).to_numpy()
+    comp = ev[kinds == "compute"]
+    if not len(comp):
+        raise SimError(f"run {run.label!r} has no compute rows to calibrate from")
+    copies = ev[(kinds == "copy") & (ev["dur_s"].to_numpy() > 0)]
+    blocks = ev[kinds == "host_block"]
+    blocked = set(zip(blocks["step"], blocks["group"], blocks["layer"]))
+    on_engine = np.array([k not in blocked for k in zip(copies["step"], copies["group"], copies["layer"])],
+                         dtype=bool)
+    if sync:
+        # a copy-engine copy competes with the host's computes and blocking copies, and they with it
+        eng = copies[on_engine]
+        o_comp = _overlap(comp, eng)
+        o_copy = np.where(on_engine, _overlap(copies, pd.concat([comp, blocks])), _overlap(copies, eng))
+    else:
+        o_comp, o_copy = np.zeros(len(comp)), np.zeros(len(copies))
+    mb_of = {(str(g), int(i)): int(b) for g, i, b in
+             zip(run.layers["group"], run.layers["layer"], run.layers["mapped_bytes"])}
+    nbytes = copies["bytes"].to_numpy().astype("float64")
+    mb = np.array([mb_of.get((str(g), int(i)), 0) for g, i in zip(copies["group"], copies["layer"])],
+                  dtype="float64")
+    mb = np.where(mb > 0, np.minimum(mb, nbytes), nbytes)
+    # a mapped layer's first copy faults its pages in only when the run starts at the first step
+    from_start = int(run.meta.get("warmup_dropped", 0) or 0) == 0
+    first = (~copies.duplicated(["group", "layer"], keep="first")).to_numpy() & from_start
+    dispatch, wake = _handoffs(ev, copies[on_engine]) if sync else (np.zeros(0), np.zeros(0))
+    return {
+        "dispatch": dispatch, "wake": wake,
+        "comp_d": comp["dur_s"].to_numpy(dtype="float64"), "comp_o": o_comp,
+        "comp_key": list(zip(comp["group"].astype(str), comp["layer"].astype(int))),
+        "comp_step": comp["step"].to_numpy(dtype="int64"),
+        "copy_d": copies["dur_s"].to_numpy(dtype="float64"), "copy_o": o_copy,
+        "copy_key": list(zip(copies["group"].astype(str), copies["layer"].astype(int))),
+        "copy_tier": copies["tier"].astype(str).to_numpy(), "copy_bytes": nbytes, "copy_mb": mb,
+        "copy_engine": on_engine,
+        "copy_first": first, "block_tiers": set(blocks["tier"].astype(str)),
+    }
+
+
+def _handoffs(ev: pd.DataFrame, eng: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Thread hand-off times around the waits for engine copies (cpu backend), one per step.
+
+    ``dispatch``: from the host starting to wait to its copy starting, when the engine thread
+    was idle (its previous copy had ended before the wait began). ``wake``: from the copy's end
+    to the end of the wait. Each is averaged within a step (the caller takes the median over
+    steps), since a step's time adds its hand-offs up and their tail is long on a busy machine.
+    """
+    waits = ev[ev["kind"] == "wait"]
+    if not len(waits) or not len(eng):
+        return np.zeros(0), np.zeros(0)
+    keys = ["step", "group", "layer"]
+    e = eng[keys + ["start_s", "end_s"]].sort_values("start_s").copy()
+    e["prev_end"] = e.groupby("group")["end_s"].shift(1).fillna(-np.inf)
+    m = waits[keys + ["start_s", "end_s"]].merge(e, on=keys, suffixes=("_w", "_c"))
+    waited = m["end_s_c"] > m["start_s_w"]
+    idle = waited & (m["prev_end"] <= m["start_s_w"]) & (m["start_s_c"] >= m["start_s_w"])
+    # a step pays the sum of its hand-offs: the median over steps of their per-step mean
+    dispatch = (m["start_s_c"] - m["start_s_w"])[idle].groupby(m["step"][idle]).mean().to_numpy()
+    wake = (m["end_s_w"] - m["end_s_c"])[waited].clip(lower=0).groupby(m["step"][waited]).mean().to_numpy()
+    return dispatch, wake
+
+
+def _overlap(q: pd.DataFrame, ref: pd.DataFrame) -> np.ndarray:
+    """For each interval of ``q``, how long it overlaps the union of ``ref``'s intervals."""
+    a = q["start_s"].to_numpy(dtype="float64")
+    b = q["end_s"].to_numpy(dtype="float64")
+    if not len(ref) or not len(q):
+        return np.zeros(len(q))
+    order = np.argsort(ref["start_s"].to_numpy())
+    rs = ref["start_s"].to_numpy(dtype="float64")[order]
+    re_ = ref["end_s"].to_numpy(dtype="float64")[order]
+    ms, me = [rs[0]], [re_[0]]
+    for s0, e0 in zip(rs[1:], re_[1:]):
+        if s0 > me[-1]:
+            ms.append(s0)
+            me.append(e0)
+        elif e0 > me[-1]:
+            me[-1] = e0
+    ms_a, me_a = np.asarray(ms), np.asarray(me)
+    before = np.concatenate([[0.0], np.cumsum(me_a - ms_a)])
+
+    def covered(x: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(ms_a, x, side="right") - 1
+        inside = np.where(idx >= 0, np.minimum(x, me_a[np.maximum(idx, 0)]) - ms_a[np.maximum(idx, 0)], 0.0)
+        return np.where(idx >= 0, before[np.maximum(idx, 0)] + inside, 0.0)
+
+    return np.maximum(covered(b) - covered(a), 0.0)
+
+
+def _fit_stretch(d: np.ndarray, o: np.ndarray, keys: list[tuple]) -> float | None:
+    """How much longer an interval lasts per second it overlapped competing work; None if unseen.
+
+    Per key (one layer's computes, or its copies) seen at least twice nearly alone (overlap
+    under 10 % of its typical length) and twice well overlapped (over half): (median overlapped
+    length − median alone length) / median overlap. The answer is the median over such keys,
+    needing 8 intervals in all and keys that agree (interquartile range under 0.3); anything
+    less is noise, and the caller's prior is better. Medians, not a regression on the overlap:
+    a copy that ran entirely inside a compute overlapped for exactly as long as it lasted, so
+    its noise would pass for contention.
+    """
+    df = pd.DataFrame({"d": d, "o": o, "k": [hash(k) for k in keys]})
+    if len(df) < 8:
+        return None
+    df["med"] = df.groupby("k")["d"].transform("median")
+    per_key, used = [], 0
+    for _, g in df.groupby("k"):
+        alone, over = g[g["o"] <= 0.1 * g["med"]], g[g["o"] >= 0.5 * g["med"]]
+        if len(alone) >= 2 and len(over) >= 2:
+            per_key.append((over["d"].median() - alone["d"].median()) / over["o"].median())
+            used += len(alone) + len(over)
+    if used < 8:
+        return None
+    q1, q3 = np.percentile(per_key, [25, 75])
+    if q3 - q1 > 0.3:
+        return None
+    return float(min(max(np.median(per_key), 0.0), 1.0))
+
+
+def _fit_host_gaps(ev: pd.DataFrame, steps: pd.DataFrame) -> tuple[float, float]:
+    """Per-layer host overhead and per-step host time outside the layers, from the events.
+
+    Between two consecutive computes of a step, what is not a host block or a wait is the next
+    layer's hook/issue/launch overhead (``hook_s``: the median over steps of a step's mean). A Run keeps each step's wall
+    time but not its start, so the time outside the layers is ``wall - (last compute end - first
+    compute start)`` less what the first layer's pre-hook spent blocked or waiting (the busy time
+    in that window just before the first compute); it is all put in ``step_head_s``.
+    """
+    busy_ev = ev[ev["kind"].isin(("host_block", "wait"))]
+    b_s = busy_ev["start_s"].to_numpy()
+    b_e = busy_ev["end_s"].to_numpy()
+    busy_all = list(zip(b_s.tolist(), b_e.tolist()))
+    comp = ev[ev["kind"] == "compute"]
+    gaps: list[float] = []
+    outside: list[float] = []
+    wall = dict(zip(steps["step"].astype(int), steps["wall_s"].astype(float)))
+    for s, c in comp.groupby("step", sort=True):
+        if int(s) not in wall:
+            continue
+        starts = np.sort(c["start_s"].to_numpy())
+        ends = np.sort(c["end_s"].to_numpy())
+        c0, c1 = float(starts[0]), float(ends[-1])
+        w = wall[int(s)] - (c1 - c0)
+        pairs = sorted(zip(c["start_s"].tolist(), c["end_s"].tolist()))
+        near = [(a, b) for a, b in busy_all if b > c0 - w and a < c1]
+        step_gaps = [max(0.0, s1 - e0 - _busy_within(near, e0, s1))
+                     for (_, e0), (s1, _) in zip(pairs, pairs[1:])]
+        if step_gaps:
+            gaps.append(float(np.mean(step_gaps)))
+        outside.append(w - _busy_within(near, c0 - w, c0))
+    hook = float(np.median(gaps)) if gaps else 0.0
+    head = max(0.0, float(np.median(outside)) - hook) if outside else 0.0
+    return hook, head
+
+
+def _busy_within(busy: list[tuple[float, float]], a: float, b: float) -> float:
+    """Length of the union of ``busy`` intervals inside ``[a, b]``."""
+    if b <= a:
+        return 0.0
+    clipped = sorted((max(s, a), min(e, b)) for s, e in busy if e > a and s < b)
+    total, cs, ce = 0.0, None, None
+    for s, e in clipped:
+        if ce is None or s > ce:
+            if ce is not None:
+                total += ce - cs
+            cs, ce = s, e
+        else:
+            ce = max(ce, e)
+    return total + (ce - cs) if ce is not None else 0.0

@@ -1,0 +1,310 @@
+"""Device profiles: what a machine does with a plan (link bandwidth per tier, host costs, compute).
+
+:class:`DeviceProfile` is plain data, saved as JSON; :func:`names` lists the shipped ones
+(``data/devices/*.json``), which :meth:`DeviceProfile.load` finds by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from offload_lab.shipped import data_dir, searched
+from offload_lab.simulation.errors import ProfileError, SimError
+
+__all__ = ["DeviceProfile", "names", "BANDWIDTH_TIERS", "COMPUTE_MODES", "PROFILE_FORMAT"]
+
+#: bandwidth keys of a profile, in GB/s (1e9 bytes per second)
+BANDWIDTH_TIERS = ("pinned", "pageable", "mapped_warm", "mapped_cold")
+COMPUTE_MODES = ("async", "sync")
+PROFILE_FORMAT = "offload-lab/device-profile"
+
+
+def _check_nonneg(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{name} = {value!r} is not a time; accepted: a finite number of seconds >= 0")
+    return float(value)
+
+
+@dataclass
+class DeviceProfile:
+    """What a machine does with a plan: link bandwidth per tier, host costs, compute speed.
+
+    ``bandwidths`` maps tiers to GB/s (1e9 bytes/s): ``pinned``, ``pageable``, ``mapped_warm``
+    (checkpoint pages already in the page cache), ``mapped_cold`` (pages faulted from disk; the
+    first copy of each mapped layer in a run; falls back to ``mapped_warm``). A tier a plan uses
+    must be present. Host costs are seconds per layer: ``hook_s`` (pre/post-hook bookkeeping),
+    ``launch_s`` (launching one block's kernels; unused in ``"sync"`` mode), ``issue_s`` (issuing
+    one copy); ``copy_latency_s`` is a fixed cost of each copy on the copy engine.
+    ``step_head_s`` / ``step_tail_s`` are host time per step before the first and after the last
+    layer (non-layer work, the step markers).
+
+    Compute is ``compute_s`` (seconds per forward, keyed ``"group.layer"`` or ``"group"``), else
+    FLOPs from :func:`offload_lab.flops.layer_flops` over ``tflops`` (achieved TFLOP/s). Per-layer
+    seconds measured at ``tokens`` are scaled by the FLOPs ratio when a run asks for other tokens.
+    ``compute_mode`` is ``"async"`` (a GPU: the host launches and runs ahead; steps begin and end
+    with a device synchronise, as the cuda backend does) or ``"sync"`` (the cpu backend: the host
+    thread runs each block itself). In sync mode, while a copy-engine copy overlaps the host's
+    work (a compute or a blocking copy) they share the machine: the copy runs at
+    ``1 - contention * (1 - copy_priority)`` of its own speed and the host's work at
+    ``1 - contention * copy_priority`` (``contention`` 0: no effect; 1: the two take turns, and
+    ``copy_priority`` 0.5 splits evenly, 1 lets the copy run at full speed while the host waits);
+    ``dispatch_s`` / ``wake_s`` (sync only) are thread hand-offs: an idle copy thread starting a
+    queued copy, the host resuming after a wait. ``provenance`` says where the numbers come from:
+    ``{"kind": "measured", "machine": ..., "date": ...}`` or ``{"kind": "estimated", "sources": [...]}``.
+
+    >>> p = DeviceProfile("toy", {"pinned": 25.0}, compute_s={"blocks": 0.01})
+    >>> DeviceProfile.from_dict(p.to_dict()) == p
+    True
+    >>> p.copy_seconds("pinned", 25_000_000)
+    0.001
+    """
+
+    name: str
+    bandwidths: dict[str, float]
+    hook_s: float = 0.0
+    launch_s: float = 0.0
+    issue_s: float = 0.0
+    copy_latency_s: float = 0.0
+    step_head_s: float = 0.0
+    step_tail_s: float = 0.0
+    pageable_blocks_host: bool = True
+    mapped_blocks_host: bool = True
+    compute_s: dict[str, float] = field(default_factory=dict)
+    tflops: float | None = None
+    tokens: int | None = None
+    compute_mode: str = "async"
+    contention: float = 0.0
+    copy_priority: float = 0.5
+    dispatch_s: float = 0.0
+    wake_s: float = 0.0
+    provenance: dict[str, Any] = field(default_factory=lambda: {"kind": "estimated", "sources": []})
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ProfileError(f"profile name {self.name!r} is not a non-empty string")
+        if not isinstance(self.bandwidths, dict):
+            raise ProfileError(f"bandwidths {self.bandwidths!r} is not a dict of tier -> GB/s; "
+                               f"tiers: {list(BANDWIDTH_TIERS)}")
+        bws = {}
+        for tier, gbps in self.bandwidths.items():
+            if tier not in BANDWIDTH_TIERS:
+                raise ProfileError(f"profile {self.name!r}: unknown bandwidth tier {tier!r}; "
+                                   f"accepted: {list(BANDWIDTH_TIERS)}")
+            if (isinstance(gbps, bool) or not isinstance(gbps, (int, float))
+                    or not math.isfinite(gbps) or gbps <= 0):
+                raise ProfileError(f"profile {self.name!r}: bandwidth {tier} = {gbps!r} GB/s; "
+                                   f"accepted: a finite number of GB/s > 0")
+            bws[tier] = float(gbps)
+        self.bandwidths = bws
+        for attr in ("hook_s", "launch_s", "issue_s", "copy_latency_s", "step_head_s", "step_tail_s",
+                     "dispatch_s", "wake_s"):
+            setattr(self, attr, _check_nonneg(f"profile {self.name!r}: {attr}", getattr(self, attr)))
+        self.compute_s = {str(k): _check_nonneg(f"profile {self.name!r}: compute_s[{k!r}]", v)
+                          for k, v in dict(self.compute_s or {}).items()}
+        if self.tflops is not None:
+            t = self.tflops
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+                raise ProfileError(f"profile {self.name!r}: tflops = {t!r}; accepted: achieved TFLOP/s > 0 or None")
+            self.tflops = float(t)
+        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int)
+                                        or self.tokens <= 0):
+            raise ProfileError(f"profile {self.name!r}: tokens = {self.tokens!r}; accepted: a positive int or None")
+        if self.compute_mode not in COMPUTE_MODES:
+            raise ProfileError(f"profile {self.name!r}: compute_mode {self.compute_mode!r}; "
+                               f"accepted: {list(COMPUTE_MODES)}")
+        for attr, what in (("contention", "0 = copies and compute do not slow each other, 1 = they take turns"),
+                           ("copy_priority", "the copy's share of a contended machine")):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: a number in [0, 1] ({what})")
+            setattr(self, attr, float(v))
+        cn = self.contention
+        for attr in ("dispatch_s", "wake_s"):
+            if getattr(self, attr) and self.compute_mode != "sync":
+                raise ProfileError(f"profile {self.name!r}: {attr} = {getattr(self, attr)!r} with compute_mode "
+                                   f"{self.compute_mode!r}; thread hand-offs are modelled for 'sync' only (use 0)")
+        if cn and self.compute_mode != "sync":
+            raise ProfileError(f"profile {self.name!r}: contention = {cn!r} with compute_mode "
+                               f"{self.compute_mode!r}; contention is modelled for 'sync' only (use 0)")
+        self.pageable_blocks_host = bool(self.pageable_blocks_host)
+        self.mapped_blocks_host = bool(self.mapped_blocks_host)
+        if not isinstance(self.provenance, dict) or self.provenance.get("kind") not in ("measured", "estimated"):
+            raise ProfileError(f"profile {self.name!r}: provenance {self.provenance!r} needs kind "
+                               f"'measured' (with machine, date) or 'estimated' (with sources)")
+
+    # -- what the engine asks -------------------------------------------------------------------
+    def bandwidth(self, tier: str) -> float:
+        """GB/s of ``tier`` (``mapped_cold`` falls back to ``mapped_warm``).
+
+        >>> DeviceProfile("x", {"pinned": 20}).bandwidth("pageable")
+        Traceback (most recent call last):
+        ...
+        offload_lab.simulation.errors.ProfileError: profile 'x' has no 'pageable' bandwidth; it has ['pinned']
+        """
+        if tier == "mapped_cold" and tier not in self.bandwidths:
+            tier = "mapped_warm"
+        try:
+            return self.bandwidths[tier]
+        except KeyError:
+            raise ProfileError(f"profile {self.name!r} has no {tier!r} bandwidth; "
+                               f"it has {sorted(self.bandwidths)}") from None
+
+    def copy_seconds(self, tier: str, nbytes: int, mapped_bytes: int = 0, cold: bool = False) -> float:
+        """Seconds the copy engine spends on one layer of ``tier``.
+
+        A ``mapped`` layer copies its checkpoint-view bytes at the mapped rate and the rest
+        (tensors re-laid out at load time, so anonymous memory) at the ``pageable`` rate.
+        """
+        if tier == "mapped":
+            mb = min(int(mapped_bytes), int(nbytes))
+            t = mb / (self.bandwidth("mapped_cold" if cold else "mapped_warm") * 1e9)
+            if nbytes > mb:
+                t += (nbytes - mb) / (self.bandwidth("pageable") * 1e9)
+        else:
+            t = nbytes / (self.bandwidth(tier) * 1e9)
+        return self.copy_latency_s + t
+
+    def blocks_host(self, tier: str) -> bool:
+        return (tier == "pageable" and self.pageable_blocks_host) or (tier == "mapped" and self.mapped_blocks_host)
+
+    def compute_seconds(self, spec: Any, group: str, layer: int, tokens: int | str | None = None) -> float:
+        """Seconds of one forward of ``group.layer``.
+
+        >>> DeviceProfile("x", {"pinned": 1}, compute_s={"blocks": 0.02}).compute_seconds(None, "blocks", 3)
+        0.02
+        """
+        for key in (f"{group}.{layer}", group):
+            if key in self.compute_s:
+                secs = self.compute_s[key]
+                if tokens is not None and self.tokens is not None:
+                    from offload_lab.model import flops
+
+                    want = flops.resolve_tokens(spec, tokens)
+                    if want != self.tokens:
+                        base = flops.layer_flops(spec, group, self.tokens, layer=layer)
+                        if base > 0:
+                            secs *= flops.layer_flops(spec, group, want, layer=layer) / base
+                return secs
+        if self.tflops is None:
+            known = sorted(self.compute_s)[:6]
+            raise ProfileError(
+                f"profile {self.name!r} has no compute time for layer {group}.{layer}: no "
+                f"compute_s key {f'{group}.{layer}'!r} or {group!r} (keys: {known}{'...' if len(self.compute_s) > 6 else ''}) "
+                f"and no tflops rate")
+        from offload_lab.model import flops
+
+        if tokens is None:
+            tokens = self.tokens if self.tokens is not None else _default_tokens(spec)
+        return flops.layer_flops(spec, group, tokens, layer=layer) / (self.tflops * 1e12)
+
+    # -- JSON ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = {"format": PROFILE_FORMAT, "version": 1}
+        d.update(dataclasses.asdict(self))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeviceProfile:
+        if not isinstance(d, dict) or d.get("format", PROFILE_FORMAT) != PROFILE_FORMAT:
+            raise ProfileError(f"not a device profile (expected format {PROFILE_FORMAT!r}): {str(d)[:80]}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known - {"format", "version"})
+        if unknown:
+            raise ProfileError(f"device profile {d.get('name')!r} has unknown keys {unknown}; accepted: {sorted(known)}")
+        if "name" not in d or "bandwidths" not in d:
+            raise ProfileError(f"device profile needs 'name' and 'bandwidths'; got keys {sorted(d)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The profile as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text: str | os.PathLike) -> DeviceProfile:
+        text = str(path_or_text)
+        where = "device profile"
+        if not text.lstrip().startswith("{"):
+            where = f"device profile {text!r}"
+            try:
+                text = Path(path_or_text).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ProfileError(f"cannot read {where}: {e}") from None
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"{where} is not valid JSON: {e}") from None
+
+    @classmethod
+    def load(cls, name: str | os.PathLike) -> DeviceProfile:
+        """A shipped profile by name (case-insensitive), or a profile JSON file by path.
+
+        >>> DeviceProfile.load("h200").provenance["kind"] in ("measured", "estimated")
+        True
+        """
+        if isinstance(name, os.PathLike) or (isinstance(name, str) and name.endswith(".json")
+                                             and Path(name).exists()):
+            return cls.from_json(Path(name))
+        if not isinstance(name, str):
+            raise ProfileError(f"profile name must be a string or a path, got {name!r}; names: {names()}")
+        key = name.strip().lower().removesuffix(".json")
+        if key not in names():
+            raise ProfileError(f"unknown device profile {name!r}; names: {names()}")
+        return cls.from_json(_devices_dir() / f"{key}.json")
+
+    @staticmethod
+    def names() -> list[str]:
+        """Names of the shipped profiles (same as :func:`offload_lab.simulation.names`)."""
+        return names()
+
+    def replace(self, **changes: Any) -> DeviceProfile:
+        """A copy with some fields changed (validated again).
+
+        >>> DeviceProfile("x", {"pinned": 20}).replace(bandwidths={"pinned": 40}).bandwidths
+        {'pinned': 40.0}
+        """
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        bw = ", ".join(f"{k} {v:.3g}" for k, v in self.bandwidths.items())
+        comp = (f"{len(self.compute_s)} compute times" if self.compute_s else "") + \
+               (f"{' + ' if self.compute_s else ''}{self.tflops:.4g} TFLOP/s" if self.tflops else "")
+        return (f"DeviceProfile({self.name!r}, {self.provenance.get('kind')}, GB/s: {bw}; "
+                f"{comp or 'no compute model'}; {self.compute_mode})")
+
+
+def _devices_dir() -> Path:
+    d = data_dir("devices")
+    if d is None:
+        raise ProfileError(f"no device profiles found; looked for *.json in {searched('devices')}")
+    return d
+
+
+def names() -> list[str]:
+    """Names of the shipped device profiles, sorted.
+
+    >>> "h200" in names()
+    True
+    """
+    return sorted(p.stem for p in _devices_dir().glob("*.json"))
+
+
+def _default_tokens(spec: Any) -> int | str:
+    table = (getattr(spec, "meta", None) or {}).get("tokens")
+    if isinstance(table, dict) and table:
+        # the smallest resolution: the catalog's everyday operating point (480p)
+        return min(table, key=lambda k: table[k])
+    if isinstance(table, int):
+        return table
+    raise SimError(f"spec {getattr(spec, 'name', spec)!r} names no token count; pass tokens=<int> "
+                   f"or give the profile per-layer compute_s")
+
