@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from offload_lab import simulation as sim
     from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
     from offload_lab.record.run import Run
-    from offload_lab.simulation import _run_engine
+    from offload_lab.simulation.engine import _run_engine
     from offload_lab.simulation.layers import _prepare
 
     rows = []

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from offload_lab.record.run import Run
-from offload_lab.simulation import _run_engine
+from offload_lab.simulation.engine import _run_engine
 from offload_lab.simulation.errors import SimError
 from offload_lab.simulation.layers import _prepare
 from offload_lab.simulation.profile import DeviceProfile
