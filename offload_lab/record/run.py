@@ -120,8 +120,14 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
     moved = np.bincount(pos[k], weights=events["bytes"].to_numpy(dtype="int64")[k], minlength=nu).astype("int64")
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(ku > 0, overlap / np.where(ku > 0, ku, 1.0), np.nan)
+    # forwards per step: the highest call number seen in the step, plus one (1 with no rows)
+    calls = np.ones(nu, dtype="int64")
+    if "call" in events.columns and len(events):
+        call = events["call"].to_numpy(dtype="int64")
+        np.maximum.at(calls, pos[found], call[found] + 1)
     return pd.DataFrame({
         "step": bstep,
+        "calls": calls[inv],
         "wall_s": bounds["end_s"].to_numpy(dtype="float64") - bounds["start_s"].to_numpy(dtype="float64"),
         "compute_s": sums["compute_s"][inv], "copy_s": sums["copy_s"][inv], "stall_s": sums["stall_s"][inv],
         "exposed_copy_s": np.maximum(0.0, ku - overlap)[inv],

@@ -14,18 +14,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-EVENT_COLUMNS = ["run", "step", "group", "layer", "kind", "stream", "tier", "bytes", "start_s", "end_s", "dur_s"]
+EVENT_COLUMNS = ["run", "step", "call", "group", "layer", "kind", "stream", "tier", "bytes", "start_s",
+                 "end_s", "dur_s"]
 LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank",
                  "copy_s", "compute_s", "stall_s", "gbps"]
-STEP_COLUMNS = ["step", "wall_s", "compute_s", "copy_s", "stall_s", "exposed_copy_s", "overlap", "bytes_moved"]
+STEP_COLUMNS = ["step", "calls", "wall_s", "compute_s", "copy_s", "stall_s", "exposed_copy_s", "overlap",
+                "bytes_moved"]
 MEMORY_COLUMNS = ["t_s", "device_bytes", "pinned_bytes", "anon_bytes", "mapped_bytes"]
 
-KINDS = ("copy", "compute", "wait", "host_block")
-STREAMS = ("copy", "compute", "host")
-TIERS = ("resident", "pinned", "pageable", "mapped", "unknown")
+#: ``stage``: a host memcpy of a layer into a pinned staging buffer (on the ``host_copy`` stream)
+KINDS = ("copy", "compute", "wait", "host_block", "stage")
+STREAMS = ("copy", "compute", "host", "host_copy")
+TIERS = ("resident", "pinned", "pageable", "mapped", "staged", "unknown")
 
 EVENT_DTYPES = {
-    "run": "string", "step": "int64", "group": "string", "layer": "int64", "kind": "string",
+    "run": "string", "step": "int64", "call": "int64", "group": "string", "layer": "int64", "kind": "string",
     "stream": "string", "tier": "string", "bytes": "int64",
     "start_s": "float64", "end_s": "float64", "dur_s": "float64",
 }
@@ -35,11 +38,15 @@ LAYER_DTYPES = {
     "stall_s": "float64", "gbps": "float64",
 }
 STEP_DTYPES = {
-    "step": "int64", "wall_s": "float64", "compute_s": "float64", "copy_s": "float64",
+    "step": "int64", "calls": "int64", "wall_s": "float64", "compute_s": "float64", "copy_s": "float64",
     "stall_s": "float64", "exposed_copy_s": "float64", "overlap": "float64", "bytes_moved": "int64",
 }
 MEMORY_DTYPES = {"t_s": "float64", "device_bytes": "int64", "pinned_bytes": "int64",
                  "anon_bytes": "int64", "mapped_bytes": "int64"}
+#: columns a producer (or an older saved run) may leave out, and the value they then hold:
+#: ``call`` numbers the forwards of a module within a step (0, 1, … under classifier-free
+#: guidance), ``calls`` counts them; runs saved before calls were recorded made one per step
+DEFAULTS = {"events": {"run": None, "call": 0}, "steps": {"calls": 1}}
 FRAME_DTYPES = {"events": EVENT_DTYPES, "layers": LAYER_DTYPES, "steps": STEP_DTYPES, "memory": MEMORY_DTYPES}
 
 #: meta entries every view reads, and the JSON types they may have (None: may be null)
@@ -71,7 +78,8 @@ def conform(name: str, df: Any, dtypes: dict[str, str], derive_dur: bool = False
     """
     if not isinstance(df, pd.DataFrame):
         raise RunFormatError(f"{name} frame is a {type(df).__name__}; expected a pandas DataFrame")
-    need = [c for c in dtypes if not (derive_dur and c == "dur_s")]
+    defaults = DEFAULTS.get(name, {})
+    need = [c for c in dtypes if not (derive_dur and c == "dur_s") and c not in defaults]
     missing = [c for c in need if c not in df.columns]
     if missing and len(df):
         raise RunFormatError(f"{name} frame lacks column(s) {missing}; required: {list(dtypes)}")
@@ -79,6 +87,9 @@ def conform(name: str, df: Any, dtypes: dict[str, str], derive_dur: bool = False
         out = df
     else:
         out = df.reindex(columns=list(dtypes))
+        for col, value in defaults.items():
+            if col not in df.columns and value is not None:
+                out[col] = value
         if derive_dur:
             out["dur_s"] = out["end_s"] - out["start_s"]
         for col, t in dtypes.items():

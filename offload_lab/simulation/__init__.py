@@ -6,8 +6,8 @@ timed for the engine) → ``engine`` (:func:`simulate`, recording into ``events`
 ``heldout`` measures how well a profile predicts runs it was not fitted on.
 """
 
-from offload_lab.simulation.engine import simulate
 from offload_lab.simulation.calibration import CPU_PRIOR, calibrate
+from offload_lab.simulation.engine import simulate
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.profile import BANDWIDTH_TIERS, DeviceProfile, names
 from offload_lab.simulation.runs import plan_of_run

@@ -65,6 +65,7 @@ class _Events:
         return pd.DataFrame({
             "run": _strings([run], np.zeros(n, dtype="int64")),
             "step": step[o],
+            "call": np.zeros(n, dtype="int64"),
             "group": _strings(groups, g_of[lid]),
             "layer": index_of[lid],
             "kind": _strings(list(_KINDS), kind),
