@@ -88,8 +88,9 @@ def conform(name: str, df: Any, dtypes: dict[str, str], derive_dur: bool = False
     else:
         out = df.reindex(columns=list(dtypes))
         for col, value in defaults.items():
-            if col not in df.columns and value is not None:
-                out[col] = value
+            if value is not None:
+                # absent, or left empty by a producer that builds rows as dicts
+                out[col] = value if col not in df.columns else out[col].fillna(value)
         if derive_dur:
             out["dur_s"] = out["end_s"] - out["start_s"]
         for col, t in dtypes.items():
