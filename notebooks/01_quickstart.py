@@ -178,7 +178,7 @@ print("written to", path)
 #
 # `%load_ext offload_lab` registers one magic. The line form profiles a statement under offload
 # of a model; the cell form profiles the cell body. Options mirror `plan()`; `%offload_profile?`
-# lists them. `-o` returns the `Run` (a list with `--compare`), `-q` displays nothing.
+# lists them. `-o` returns the `Run` (a list with `--tiers`), `-q` displays nothing.
 
 # %%
 # %load_ext offload_lab
@@ -187,7 +187,7 @@ print("written to", path)
 # %offload_profile -n 2 -b 1MiB model model(**inputs)
 
 # %%
-# %%offload_profile -n 2 --compare pinned,pageable model
+# %%offload_profile -n 2 --tiers pinned,pageable model
 out = model(**inputs)
 
 # %%

@@ -288,8 +288,7 @@ def test_labels_put_what_differs_first_and_share_the_rest(labelled):
 
 def test_long_labels_wrap_instead_of_being_cut(labelled):
     long = "rtx4090-pcie4 · 480p tokens · a long description of this particular plan · prefetch 1"
-    run = offload_lab.simulate(catalog.load("wan2.1-t2v-14b"),
-                               offload_lab.plan(catalog.load("wan2.1-t2v-14b"), tier="pinned", host=HOST),
+    run = offload_lab.simulate(offload_lab.plan(catalog.load("wan2.1-t2v-14b"), tier="pinned", host=HOST),
                                "h200", steps=1, label=long)
     for fig in (viz.timeline(run), viz.memory(run), viz.tier_map(run)):
         title = fig.layout.title.text

@@ -221,7 +221,7 @@ class Run:
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
     >>> run = offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=2)
     >>> run.simulated, list(run.steps.columns)[:3]
-    (True, ['step', 'wall_s', 'compute_s'])
+    (True, ['step', 'calls', 'wall_s'])
 
     Construction checks the contract (columns, dtypes, ``kind`` and ``stream`` values, meta
     as JSON data), whoever builds the frames, a file included:
@@ -229,7 +229,7 @@ class Run:
     >>> Run(run.events.assign(kind="teleport"), run.layers, run.steps, run.memory, run.meta)
     Traceback (most recent call last):
     ...
-    offload_lab.record.schema.RunFormatError: events column 'kind' holds 'teleport' (160 row(s)); accepted: ['copy', 'compute', 'wait', 'host_block']
+    offload_lab.record.schema.RunFormatError: events column 'kind' holds 'teleport' (160 row(s)); accepted: ['copy', 'compute', 'wait', 'host_block', 'stage']
     """
 
     def __init__(self, events: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame,
