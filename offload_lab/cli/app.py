@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from offload_lab import __version__
 from offload_lab.cli import export
+from offload_lab.views.text import text_table
 from offload_lab.cli.outputs import FORCE_HELP
 from offload_lab.planning.options import (
     MAX_LAYERS,
@@ -64,35 +65,14 @@ class CliError(ValueError):
     """Command-line input the library could not check itself (a MODEL that is no model, ...)."""
 
 
-# -- small formatting helpers (seconds, ratios, percentages: viz.fmt_*) --------------------------
+# -- small formatting helpers (the formatting itself lives in offload_lab.views.text) ------------
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def text_table(frame: pd.DataFrame, right: Sequence[str] = ()) -> str:
-    """A frame as aligned plain text: columns left-aligned, those named in ``right`` right-aligned.
-
-    >>> import pandas as pd
-    >>> print(text_table(pd.DataFrame({"run": ["pinned", "pageable"], "step": ["1.03 s", "1.9 s"]}),
-    ...                  right=("step",)))
-    run         step
-    pinned    1.03 s
-    pageable   1.9 s
-    """
-    cols = [str(c) for c in frame.columns]
-    cells = [[str(v) for v in row] for row in frame.itertuples(index=False)]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-
-    def line(values: list[str]) -> str:
-        return "  ".join(v.rjust(w) if c in right else v.ljust(w)
-                         for v, w, c in zip(values, widths, cols)).rstrip()
-
-    return "\n".join([line(cols)] + [line(r) for r in cells])
-
-
 def _comparison_text(runs: Sequence[Run]) -> str:
     """The comparison of ``runs`` as a plain-text table (the table the magic and widgets show)."""
-    from offload_lab.views.figures import comparison_frame
+    from offload_lab.views.tables import comparison_frame
 
     return text_table(comparison_frame(runs),
                       right=("step", "ratio", "stall", "exposed copy", "overlap", "vs bound"))

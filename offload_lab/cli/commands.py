@@ -261,7 +261,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """
     from offload_lab.analysis import summary as analysis
     from offload_lab.simulation import simulate
-    from offload_lab.views.figures import fmt_percent, fmt_ratio, fmt_seconds
+    from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds
 
     out = None
     if args.out is not None:
