@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 from offload_lab import __version__
 from offload_lab.cli import export
-from offload_lab.views.text import text_table
 from offload_lab.cli.outputs import FORCE_HELP
 from offload_lab.planning.options import (
     MAX_LAYERS,
@@ -43,9 +42,9 @@ from offload_lab.planning.options import (
     parse_count,
     parse_tokens,
 )
+from offload_lab.views.text import text_table
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from offload_lab.record.run import Run
 
