@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.record.intervals import busy_within, overlap_with_union
 from offload_lab.record.run import Run
 from offload_lab.simulation.engine import _run_engine
 from offload_lab.simulation.errors import SimError
@@ -324,29 +325,8 @@ def _handoffs(ev: pd.DataFrame, eng: pd.DataFrame) -> tuple[np.ndarray, np.ndarr
 
 def _overlap(q: pd.DataFrame, ref: pd.DataFrame) -> np.ndarray:
     """For each interval of ``q``, how long it overlaps the union of ``ref``'s intervals."""
-    a = q["start_s"].to_numpy(dtype="float64")
-    b = q["end_s"].to_numpy(dtype="float64")
-    if not len(ref) or not len(q):
-        return np.zeros(len(q))
-    order = np.argsort(ref["start_s"].to_numpy())
-    rs = ref["start_s"].to_numpy(dtype="float64")[order]
-    re_ = ref["end_s"].to_numpy(dtype="float64")[order]
-    ms, me = [rs[0]], [re_[0]]
-    for s0, e0 in zip(rs[1:], re_[1:]):
-        if s0 > me[-1]:
-            ms.append(s0)
-            me.append(e0)
-        elif e0 > me[-1]:
-            me[-1] = e0
-    ms_a, me_a = np.asarray(ms), np.asarray(me)
-    before = np.concatenate([[0.0], np.cumsum(me_a - ms_a)])
-
-    def covered(x: np.ndarray) -> np.ndarray:
-        idx = np.searchsorted(ms_a, x, side="right") - 1
-        inside = np.where(idx >= 0, np.minimum(x, me_a[np.maximum(idx, 0)]) - ms_a[np.maximum(idx, 0)], 0.0)
-        return np.where(idx >= 0, before[np.maximum(idx, 0)] + inside, 0.0)
-
-    return np.maximum(covered(b) - covered(a), 0.0)
+    return overlap_with_union(q["start_s"].to_numpy(dtype="float64"), q["end_s"].to_numpy(dtype="float64"),
+                              ref["start_s"].to_numpy(dtype="float64"), ref["end_s"].to_numpy(dtype="float64"))
 
 
 def _fit_stretch(d: np.ndarray, o: np.ndarray, keys: list[tuple]) -> float | None:
@@ -416,15 +396,4 @@ def _fit_host_gaps(ev: pd.DataFrame, steps: pd.DataFrame) -> tuple[float, float]
 
 def _busy_within(busy: list[tuple[float, float]], a: float, b: float) -> float:
     """Length of the union of ``busy`` intervals inside ``[a, b]``."""
-    if b <= a:
-        return 0.0
-    clipped = sorted((max(s, a), min(e, b)) for s, e in busy if e > a and s < b)
-    total, cs, ce = 0.0, None, None
-    for s, e in clipped:
-        if ce is None or s > ce:
-            if ce is not None:
-                total += ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    return total + (ce - cs) if ce is not None else 0.0
+    return busy_within([s for s, _ in busy], [e for _, e in busy], a, b)
