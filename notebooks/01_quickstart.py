@@ -61,20 +61,16 @@ print(f"offload-lab {offload_lab.__version__} · torch {torch.__version__} · "
 
 
 def shipped_runs(model=None):
-    """The measured GPU runs shipped with offload-lab (optionally of one catalog model), found
-    beside the package rather than the working directory, so a copied notebook still finds them."""
-    where = Path(offload_lab.__file__).resolve().parent.parent / "data" / "runs"
-    found = []
-    for f in sorted(where.rglob("*.zip")):
-        try:
-            run = offload_lab.Run.load(f)
-        except ValueError as e:  # a damaged file is named, not fatal
-            print(f"skipped {f.name}: {e}")
-            continue
-        if model is None or run.meta.get("model") == model:
-            found.append(run)
+    """The measured GPU runs shipped with offload-lab (of one catalog model, if named), found
+    through the installed package rather than the working directory, so a copied notebook still
+    finds them."""
+    try:
+        found = offload_lab.shipped_runs(model)
+    except LookupError as e:  # nothing shipped where the package looks: the message says where
+        print(e)
+        return []
     if not found:
-        print(f"no measured GPU runs{f' of {model}' if model else ''} found under {where}")
+        print(f"no measured GPU runs of {model} are shipped with offload-lab")
     return found
 
 # %% [markdown]
