@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import warnings
@@ -360,3 +361,25 @@ def test_tokens_and_steps_are_bounded_like_the_cli(wan14):
     with pytest.raises(ExplorerError, match="too large"):
         PlanExplorer(wan14, host="1e400", live=False)
     assert PlanExplorer(wan14, host="64GiB", tokens="480p", live=False).tokens == "480p"
+
+
+def test_every_html_widget_escapes_strings_from_the_spec(wan14, tmp_path):
+    """A spec named by a checkpoint directory or a shared plan reaches the dashboard's HTML widgets
+    only escaped: the name of a hostile spec never appears there as markup."""
+    payload = "<img src=x onerror=alert(1)>"
+    spec = copy.deepcopy(wan14)
+    spec.name = payload
+    ex = PlanExplorer(spec, host="64GiB", live=False)
+    ex.simulate_button.click()
+    ex.add_button.click()
+    html_values = []
+
+    def walk(w):
+        if isinstance(w, W.HTML):
+            html_values.append(w.value)
+        for child in getattr(w, "children", ()):
+            walk(child)
+
+    walk(ex.widget)
+    assert html_values and any("&lt;img src=x onerror=alert(1)&gt;" in v for v in html_values)
+    assert not any(payload in v for v in html_values)
