@@ -39,7 +39,7 @@ _EXPORTS = {
     "calibrate": "simulation.calibration", "plan_of_run": "simulation.runs",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
-    "shipped_runs": "shipped",
+    "shipped_runs": "shipped", "load": "artifacts",
 }
 # submodules users reach from the root: ``offload_lab.catalog.load(...)``
 _MODULES = {
