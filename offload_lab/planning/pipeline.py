@@ -20,11 +20,11 @@ from offload_lab.planning.grants import _build_unit, _solve
 from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.planner import (
     Plan,
+    _add_device,
     _budget,
     _check_forced_pinned,
     _emit,
     _finish,
-    _add_device,
     _ledger,
     _plain,
     _resolve_host,
