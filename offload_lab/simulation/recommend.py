@@ -38,7 +38,7 @@ from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.placement import resident_sets
 from offload_lab.planning.planner import Plan, _resolve_host, plan
 from offload_lab.simulation.engine import _run_engine
-from offload_lab.simulation.errors import SimError
+from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.layers import _Layer
 from offload_lab.simulation.profile import DeviceProfile, names
 from offload_lab.units import format_bytes
@@ -265,12 +265,16 @@ class _Search:
                          tokens=self.tokens)
         except PlanError:
             return None  # e.g. a forced tier this spec cannot take
+        try:
+            step = self.timer.step_seconds(p)
+        except ProfileError:
+            return None  # a tier the profile has no bandwidth for
         led = p.ledger
         rid = len(self.rows)
         self.rows.append({
             "id": rid, "residency": residency, "resident": k, "resident_layers": p.tier_counts["resident"],
             "prefetch": prefetch, "order": order, "pin_budget": led["budget"], "tier": tier or "",
-            "step_s": self.timer.step_seconds(p), "pinned_bytes": int(led["pinned_bytes"]),
+            "step_s": step, "pinned_bytes": int(led["pinned_bytes"]),
             "net_anonymous_bytes": int(led["net_anonymous_bytes"]),
             "device_peak_bytes": int(led["device_peak_bytes"]), "fits_host": bool(led["fits"]),
             "fits_device": bool(led["device_fits"]), "fits": bool(p.fits), "front": False, "best": False,
