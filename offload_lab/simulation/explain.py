@@ -100,4 +100,9 @@ def _versus(b: Any, r: Any) -> str:
     if r["order"] != b["order"]:
         why.append(f"order {r['order']}")
     diff = ", ".join(why) or "the same placement"
+    if slower < 0.1:
+        return (f"Runner-up #{int(r['id'])} ({diff}) ties it at {r['step_s']:.3f} s; the best holds "
+                f"{format_bytes(int(b['device_peak_bytes']))} of device memory against "
+                f"{format_bytes(int(r['device_peak_bytes']))} (ties go to the smaller device peak, then "
+                f"fewer pinned bytes).")
     return f"Runner-up #{int(r['id'])} ({diff}) is {slower:.1f} % slower at {r['step_s']:.3f} s."
