@@ -254,3 +254,31 @@ def test_cli_bad_input_is_one_line(argv, needle, capsys):
 def test_cli_nothing_fits_exits_1(capsys):
     assert main(["recommend", "minimax-h3", "--device", "rtx4090-pcie4", "--device-memory", "2GiB"]) == 1
     assert "No plan fits" in capsys.readouterr().out
+
+
+# -- the explorer's Recommend button ------------------------------------------------------------------
+def test_explorer_recommend_sets_the_controls_and_a_click_loads_a_front_plan():
+    from plotly.callbacks import Points
+
+    from offload_lab.notebook.explorer import PlanExplorer
+
+    ex = PlanExplorer("wan2.1-t2v-14b", profile="rtx4090-pcie4", host="64GiB", live=False)
+    assert ex.device_memory_bytes() == 24 * GiB  # the profile's memory size
+    ex.recommend_button.click()
+    rec = ex.recommendation
+    assert ex.error is None and rec is not None
+    assert list(ex.plan.layers["tier"]) == list(rec.best.layers["tier"]) and ex.plan.prefetch == rec.best.prefetch
+    assert ex.plan.ledger["device_peak_bytes"] == rec.best_row["device_peak_bytes"]
+    fig = ex.figures["recommend_front"]
+    front = next(t for t in fig.data if t.name == "front")
+    assert sorted(int(i) for i in front.customdata) == sorted(int(i) for i in rec.front["id"])
+    target = next(k for k, i in enumerate(front.customdata) if int(i) != int(rec.best_row["id"]))
+    pid = int(front.customdata[target])
+    ex.on_front_click(front, Points(point_inds=[target], xs=[front.x[target]], ys=[front.y[target]],
+                                   trace_name="front", trace_index=1))
+    row = rec.tried.loc[pid]
+    assert ex.resident.value == row["resident"] and ex.prefetch.value == row["prefetch"]
+    assert ex.plan.tier_counts["resident"] == row["resident_layers"] and ex.front_choice.value == pid
+    ex.device_memory.value = 2.0  # nothing fits a 2 GiB card: the plan says so, Recommend explains
+    assert not ex.plan.fits and "does not fit the device" in ex.plan.layers["reason"].iloc[0]
+    assert ex.recommend().best is None and "No plan fits" in ex.message

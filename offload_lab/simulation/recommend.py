@@ -120,7 +120,8 @@ class Recommendation:
 
     @property
     def front(self) -> pd.DataFrame:
-        return self.tried[self.tried["front"]].sort_values("step_s").reset_index(drop=True)
+        t = self.tried
+        return t.loc[t["front"].astype(bool)].sort_values("step_s").reset_index(drop=True)
 
     @property
     def fits(self) -> bool:
@@ -134,7 +135,7 @@ class Recommendation:
 
     @property
     def best_row(self) -> pd.Series | None:
-        hit = self.tried[self.tried["best"]]
+        hit = self.tried.loc[self.tried["best"].astype(bool)]
         return None if hit.empty else hit.iloc[0]
 
     def summary(self) -> str:
@@ -327,7 +328,7 @@ def recommend(spec: Any, device: DeviceProfile | str = "rtx4090-pcie4", host: An
         _check_bounds(spec, 1, 1, 0, tokens)
     s = _Search(spec, profile, host, mem, tokens, passes, pin_budget)
     _explore(s)
-    tried = pd.DataFrame(s.rows, columns=COLUMNS)
+    tried = pd.DataFrame(s.rows, columns=COLUMNS).astype({"fits": bool, "front": bool, "best": bool})
     best = _choose(tried)
     if best is not None:
         tried.loc[best, "best"] = True
@@ -385,7 +386,7 @@ def _explore(s: _Search) -> None:
 
 
 def _choose(tried: pd.DataFrame) -> int | None:
-    ok = tried[tried["fits"]]
+    ok = tried.loc[tried["fits"].astype(bool)]
     if ok.empty:
         return None
     fastest = ok["step_s"].min()
