@@ -282,3 +282,14 @@ def test_explorer_recommend_sets_the_controls_and_a_click_loads_a_front_plan():
     ex.device_memory.value = 2.0  # nothing fits a 2 GiB card: the plan says so, Recommend explains
     assert not ex.plan.fits and "does not fit the device" in ex.plan.layers["reason"].iloc[0]
     assert ex.recommend().best is None and "No plan fits" in ex.message
+
+
+def test_a_pipeline_searches_its_top_ranked_component():
+    from offload_lab.planning.pipeline import Component
+
+    comps = [Component("enc", catalog.load("wan2.1-t2v-1.3b"), uses=1),
+             Component("dit", catalog.load("wan2.1-t2v-14b"), uses=100)]
+    rec = recommend(comps, "rtx4090-pcie4", host="64GiB", device_memory="24GiB")
+    assert rec.spec.name == "wan2.1-t2v-14b" and rec.fits
+    with pytest.raises(RecommendError, match="not a list of Components"):
+        recommend([1, 2], "h200")
