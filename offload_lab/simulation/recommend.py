@@ -128,7 +128,13 @@ class Recommendation:
         return self.best is not None
 
     def plan_at(self, plan_id: int) -> Plan:
-        """The plan of row ``id`` of :attr:`tried`."""
+        """The plan of row ``id`` of :attr:`tried`.
+
+        >>> import offload_lab
+        >>> rec = recommend(offload_lab.catalog.load("wan2.1-t2v-1.3b"), "h200", host="64GiB")
+        >>> rec.plan_at(0) is rec.best
+        True
+        """
         if isinstance(plan_id, bool) or not isinstance(plan_id, (int,)) or not 0 <= plan_id < len(self.plans):
             raise RecommendError(f"plan id {plan_id!r} is not a row of this recommendation; accepted: 0..{len(self.plans) - 1}")
         return self.plans[plan_id]
@@ -139,7 +145,13 @@ class Recommendation:
         return None if hit.empty else hit.iloc[0]
 
     def summary(self) -> str:
-        """A few lines for a terminal: the best plan, the front, the explanation."""
+        """A few lines for a terminal: the best plan, the front, the explanation.
+
+        >>> import offload_lab
+        >>> rec = recommend(offload_lab.catalog.load("wan2.1-t2v-1.3b"), "h200", host="64GiB")
+        >>> rec.summary().splitlines()[1]
+        'best: 30 resident (leading), prefetch 0, order execution: 1.103 s/step, pinned 2.60 GiB, device peak 3.58 GiB'
+        """
         head = (f"{self.spec.name} on {self.profile.name} (simulated): device memory "
                 f"{format_bytes(self.device_memory)}, host available {format_bytes(self.host.available)}, "
                 f"{len(self.tried)} plans tried, {int(self.tried['fits'].sum())} fit")
