@@ -37,6 +37,7 @@ _EXPORTS = {
     "compare": "analysis.comparison", "bound": "analysis.summary", "metrics": "analysis.summary",
     "DeviceProfile": "simulation.profile", "simulate": "simulation.engine",
     "calibrate": "simulation.calibration", "plan_of_run": "simulation.runs",
+    "recommend": "simulation.recommend", "Recommendation": "simulation.recommend",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
     "shipped_runs": "shipped", "load": "artifacts",

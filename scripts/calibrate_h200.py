@@ -73,12 +73,15 @@ def main(argv: list[str] | None = None) -> int:
             f"tflops: catalog FLOPs of one T2V-14B block at {tokens} tokens / the median measured block "
             f"compute ({per_block_s * 1e3:.1f} ms) of '14B pinned p1'",
             "hook_s, step_head_s: offload_lab.calibrate on the all-pinned T2V-14B run at 480p",
+            "memory_bytes: torch.cuda.get_device_properties().total_memory recorded in '14B pinned p1' "
+            "(NVIDIA's H200 datasheet, nvidia.com/en-us/data-center/h200, gives 141 GB HBM3e)",
         ],
         "not_measured": ["mapped_cold: kept from the estimate (pages were in the page cache in every run)"],
         "command": "scripts/calibrate_h200.py (runs from: PYTHONPATH=. python3 scripts/gpu_check.py --out DIR)",
     }
     d["notes"] = ("Measured on one NVIDIA H200 cloud machine with scripts/gpu_check.py; pageable and mapped copies are "
                   "synchronous for the host thread there, as in the runtime.")
+    d["memory_bytes"] = int(big.meta["cuda"]["total_memory"])
     text = json.dumps(d, indent=1) + "\n"
     path = ROOT / "data/devices/h200.json"
     if args.check:

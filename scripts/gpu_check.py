@@ -210,6 +210,30 @@ def diffusers_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, l
     return [ours, theirs]
 
 
+def recommend_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, device_memory: str = "2.5GiB",
+                    log=print) -> tuple[list, dict]:
+    """``recommend()`` on the H200 profile for the full-width Wan2.1-1.3B-shaped model with a
+    device memory that holds only part of it, then ``rec.confirm`` on the cuda backend: the
+    recommended plan and the all-pageable baseline, predicted (simulated) vs measured step and
+    device peak (``torch.cuda.max_memory_allocated``). About a minute on an H200."""
+    import offload_lab
+    from offload_lab import HostMemory, catalog, synthetic
+
+    spec13 = catalog.load("wan2.1-t2v-1.3b")
+    model = fast_build(spec13, dev)
+    inputs = synthetic.example_inputs(model, tokens=tokens, device=dev)
+    spec = offload_lab.spec_of(model, name=spec13.name)
+    rec = offload_lab.recommend(spec, "h200", host=HostMemory.probe(), device_memory=device_memory, tokens=tokens)
+    log(rec.summary())
+    conf = rec.confirm(model, lambda: model(**inputs), steps=steps, warmup=warmup, backend=dev.type)
+    log(conf.summary())
+    for r in conf.runs:
+        r.meta["gpu_check"] = {"tokens": tokens, "machine": "cloud GPU machine", "stage": "recommend"}
+    res = {"device_memory": device_memory, "tokens": tokens, "explanation": rec.explanation,
+           "search_s": rec.search_s, "table": conf.table.to_dict("records")}
+    return conf.runs, res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for the runs, comparison and log")
@@ -219,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
-    ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers"), default="all",
+    ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers", "recommend"), default="all",
                     help="main: smoke + measured runs; smoke: only the correctness checks; "
                          "extras: the torch.profiler trace check; "
+                         "recommend: recommend() then confirm() on cuda, predicted vs measured step and "
+                         "device peak (about a minute); "
                          "diffusers: its group offloading observed beside ours, if diffusers is installed "
                          "(default all)")
     args = ap.parse_args(argv)
@@ -286,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_peak_gib": run.meta["predicted_startup_peak_bytes"] / 2**30,
             "pinned_gib": run.meta["pinned_bytes"] / 2**30,
             "net_anon_gib": run.meta["net_anonymous_bytes"] / 2**30,
+            "device_peak_predicted_gib": run.meta["device_peak"]["predicted_bytes"] / 2**30,
+            "device_peak_measured_gib": run.meta["device_peak"]["measured_bytes"] / 2**30,
             "wall_s": time.perf_counter() - t0,
         })
         r = rows[-1]
@@ -318,6 +346,20 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             print(f"  FAILED diffusers check:\n{traceback.format_exc()}", flush=True)
         if args.stage == "diffusers":
+            return 0
+
+    if args.stage in ("all", "recommend"):
+        try:
+            rec_runs, res = recommend_check(dev, steps=args.steps, warmup=args.warmup, tokens=args.tokens,
+                                            log=lambda m: print(m, flush=True))
+            for r in rec_runs:
+                runs.append(r)
+                r.save(runs_dir / f"{len(runs):02d}-recommend-{r.label.split(' ')[0]}-{r.backend}.zip")
+            (out / "recommend.json").write_text(json.dumps(res, indent=1, default=str))
+            bundle()
+        except Exception:
+            print(f"  FAILED recommend check:\n{traceback.format_exc()}", flush=True)
+        if args.stage == "recommend":
             return 0
 
     try:

@@ -1,4 +1,4 @@
-"""The ``offload-lab`` command: ``demo``, ``plan``, ``profile``, ``simulate``, ``report``, ``catalog``.
+"""The ``offload-lab`` command: ``demo``, ``plan``, ``profile``, ``simulate``, ``recommend``, ``report``, ``catalog``.
 
 ``offload-lab demo`` is the main job: it profiles a catalog model, scaled down to fit this
 machine, under several plans (all pinned, all pageable, mapped from a safetensors checkpoint,
@@ -38,6 +38,7 @@ from offload_lab.planning.options import (
     add_plan_arguments,
     add_run_arguments,
     argparse_type,
+    parse_budget,
     parse_choice,
     parse_count,
     parse_tokens,
@@ -120,6 +121,7 @@ commands:
   plan       where each layer of a model would live, and why
   profile    run a synthetic model under a plan and save the measured run
   simulate   predict a plan's timeline on a device profile and save the simulated run
+  recommend  which plans fit a device and a host, and which is fastest (simulated)
   report     one offline HTML report from saved runs
   catalog    the shipped models and device profiles
   export     a saved run as a Chrome trace for Perfetto / chrome://tracing
@@ -128,6 +130,7 @@ examples:
   offload-lab demo
   offload-lab plan wan2.1-t2v-14b --pin-budget 8GiB --host 64GiB
   offload-lab simulate minimax-h3 --device h200 --tier pageable --out h3-pageable.zip
+  offload-lab recommend wan2.1-t2v-14b --device rtx4090-pcie4 --host-available 64GiB --device-memory 24GiB
   offload-lab report runs/*.zip --out report.html
 
 Sizes accept 8GiB, 512MiB, 1.5GB, 8e9. An output file that exists is overwritten only with
@@ -167,6 +170,16 @@ examples:
 
 Plans for a hypothetical {SIM_HOST} host unless --host is given. Device profiles:
 offload-lab catalog --devices.""",
+    "recommend": """\
+examples:
+  offload-lab recommend wan2.1-t2v-14b --device rtx4090-pcie4 --host-available 64GiB --device-memory 24GiB
+  offload-lab recommend minimax-h3 --device h200 --host-available 128GiB --tokens 720p --calls 2
+  offload-lab recommend wan2.1-t2v-14b --device rtx5090-pcie5 --host-available 32GiB --out rec.html
+
+Searches resident count and pattern, prefetch depth, pin order, pin budget and forced tiers;
+keeps the plans whose host memory and estimated device peak fit; step times are simulated on
+the device profile. --device-memory defaults to the profile's memory size. Exit status 1 when
+no plan fits.""",
     "report": f"""\
 examples:
   offload-lab report pinned.zip pageable.zip
@@ -184,7 +197,7 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, report, catalog, export).
+    """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, recommend, report, catalog, export).
 
     >>> args = build_parser().parse_args(["simulate", "minimax-h3", "--device", "h200", "-b", "8GiB"])
     >>> args.command, args.pin_budget == 8 * 2**30, args.force
@@ -199,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub, fmt)
     _add_profile(sub, fmt)
     _add_simulate(sub, fmt)
+    _add_recommend(sub, fmt)
     _add_report(sub, fmt)
     _add_catalog(sub, fmt)
     export.add_parser(sub)
@@ -207,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 _COMMANDS = "offload_lab.cli.commands"
 _MODEL_HELP = "catalog name, .safetensors file/dir/index, or spec JSON"
-_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", **{n: f"{_COMMANDS}:cmd_{n}" for n in
-                                                      ("plan", "profile", "simulate", "report", "catalog")}}
+_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", "recommend": "offload_lab.cli.recommend:cmd_recommend",
+          **{n: f"{_COMMANDS}:cmd_{n}" for n in ("plan", "profile", "simulate", "report", "catalog")}}
 
 
 def _command(sub: argparse._SubParsersAction, fmt: type, name: str, help: str,
@@ -284,6 +298,27 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
     _output(p, "where to save the run (default: print only)", metavar="RUN.zip")
 
 
+def _add_recommend(sub: argparse._SubParsersAction, fmt: type) -> None:
+    p = _command(sub, fmt, "recommend", "which plans fit a device and a host, and which is fastest",
+                 "Search the plan space of MODEL with the simulator: keep the plans that fit\n"
+                 "the host and the device, print the fastest, the Pareto front and why.")
+    p.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument("--device", required=True, metavar="NAME|PATH",
+                   help="device profile: a shipped name (offload-lab catalog --devices) or a JSON file")
+    p.add_argument("--host-available", metavar="SIZE", default=SIM_HOST,
+                   help=f"host memory available to the plan, e.g. 64GiB (default {SIM_HOST}, not this machine)")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="device memory, e.g. 24GiB (default: the profile's memory size)")
+    p.add_argument("-b", "--pin-budget", type=argparse_type(parse_budget, "pin budget"), metavar="SIZE",
+                   help="most host memory to page-lock (default: everything the host can spend)")
+    p.add_argument("--tokens", type=argparse_type(parse_tokens, "tokens"), metavar="480p|N",
+                   help="video tokens or a resolution (default: the model's smallest, 480p)")
+    p.add_argument("--calls", type=_count("calls", 1, MAX_PASSES), default=1, metavar="N",
+                   help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
+    p.add_argument("--title", help="report title")
+    _output(p, "write a report of the recommendation to PATH (default: print only)", metavar="PATH")
+
+
 def _add_report(sub: argparse._SubParsersAction, fmt: type) -> None:
     p = _command(sub, fmt, "report", "an offline HTML report from saved runs",
                  "Write one self-contained HTML report from saved runs.")
@@ -331,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("no command given; choose one of demo, plan, profile, simulate, report, catalog, export")
+        parser.error("no command given; choose one of demo, plan, profile, simulate, recommend, report, catalog, export")
     try:
         module, _, name = args.func.partition(":")
         return int(getattr(importlib.import_module(module), name)(args) or 0)

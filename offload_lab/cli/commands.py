@@ -341,12 +341,13 @@ def _load_one(path: Path) -> Run:
     return Run.load(path)
 
 
-def _write_report(runs: list[Run], out: str | os.PathLike, plan: Plan | None, title: str | None) -> Path:
+def _write_report(runs: list[Run], out: str | os.PathLike, plan: Plan | None, title: str | None,
+                  recommendation: Any = None) -> Path:
     from offload_lab.views.report import report
 
     try:
         with cleaned_up(Path(out)):
-            return report(runs, plan=plan, title=title).save(out)
+            return report(runs, plan=plan, title=title, recommendation=recommendation).save(out)
     except ImportError as e:
         # plotly is imported when the first figure is drawn; a GPU box may lack it
         if (e.name or "").split(".")[0] == "plotly":

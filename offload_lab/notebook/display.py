@@ -100,6 +100,16 @@ class DisplayMixin:
             ("startup peak (device)", f"grouped {format_bytes(peaks['grouped'])} · naive "
                                       f"{format_bytes(peaks['naive'])}"),
         ]
+        if led.get("device_peak_bytes") is not None:
+            mem = led.get("device_memory")
+            fit = "" if mem is None else (" — <span style='color:#027a48'>fits</span>" if led["device_fits"]
+                                          else " — <b style='color:#b42318'>does NOT fit</b>")
+            rows.append(("device peak (estimate)",
+                         f"{format_bytes(led['device_peak_bytes'])}" + (f" of {format_bytes(mem)}" if mem else "")
+                         + fit + f" (non-layer {format_bytes(led['device_non_layer_bytes'])}, resident "
+                         f"{format_bytes(led['device_resident_bytes'])}, in flight "
+                         f"{format_bytes(led['device_in_flight_bytes'])}, activations "
+                         f"{format_bytes(led['device_activation_bytes'])})"))
         warn = "".join(f"<li>{html.escape(w)}</li>" for w in p.warnings)
         self.ledger_html.value = (_kv_html(rows) + (f"<ul style='color:#b42318'>{warn}</ul>"
                                                     if warn else ""))

@@ -1,7 +1,8 @@
 """``PlanExplorer``: an ipywidgets dashboard to change a plan and see its timeline at once.
 
 Controls (pin budget, resident count and policy, ordering, prefetch depth, forced tier, host,
-device profile) make a :class:`~offload_lab.planning.planner.Plan`; **Simulate** predicts its timeline on
+device profile, device memory) make a :class:`~offload_lab.planning.planner.Plan`; **Recommend**
+searches for the fastest plan that fits and sets the controls to it; **Simulate** predicts its timeline on
 a device profile (instant, labelled simulated), **Run** profiles the real model with ``fn``
 (on the GPU when there is one, else the cpu backend, labelled with the backend), **Add to
 comparison** keeps a run, **pinned vs pageable** simulates the headline comparison, and
@@ -46,6 +47,7 @@ from offload_lab.notebook.controls import (
     ExplorerError,
 )
 from offload_lab.notebook.display import DisplayMixin
+from offload_lab.notebook.explorer_recommend import RecommendMixin
 from offload_lab.notebook.magic import spec_for_model
 from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.options import (
@@ -64,7 +66,7 @@ from offload_lab.views import figures as viz
 __all__ = ["PlanExplorer", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
 
 
-class PlanExplorer(ControlsMixin, DisplayMixin):
+class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
     """A dashboard over one model: controls → plan → simulate / run → figures and comparison.
 
     - ``model_or_spec``: a ``torch.nn.Module`` (its blocks in ``nn.ModuleList``s), a
@@ -125,6 +127,7 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
         self._given_host = self._resolve_host(host)
         self.profiles = self._resolve_profiles(profile)
         self._build_widgets(steps, report_path, live)
+        self._build_recommend()
         self._update_budget_range(keep_max=True)
         self.update_plan()
 
@@ -180,7 +183,9 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
 
     # -- controls → plan ------------------------------------------------------------------------
     def _make_plan(self, host: HostMemory, **overrides: Any) -> Plan:
-        kwargs = {**self.plan_kwargs(), **overrides}
+        # the plan is checked against the device memory box (its ledger shows the estimated peak)
+        kwargs = {**self.plan_kwargs(), "device_memory": self.device_memory_bytes(), "tokens": self.tokens,
+                  **overrides}
         with warnings.catch_warnings():
             # a plan's warnings are shown in the ledger; printing them too would repeat them
             warnings.simplefilter("ignore", PlanWarning)
@@ -268,6 +273,10 @@ class PlanExplorer(ControlsMixin, DisplayMixin):
         finally:
             self.progress.layout.visibility = "hidden"
         self._offer_calibrated(run)
+        peak = run.meta.get("device_peak") or {}
+        if peak:
+            note += (f"; device peak predicted {format_bytes(peak['predicted_bytes'])} (estimate), measured "
+                     f"{format_bytes(peak['measured_bytes'])}")
         self._set_last(run, f"measured on {backend}: {viz.fmt_seconds(run.step_time)} per step{note}")
         return run
 

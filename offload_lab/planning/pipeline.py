@@ -20,6 +20,7 @@ from offload_lab.planning.grants import _build_unit, _solve
 from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.planner import (
     Plan,
+    _add_device,
     _budget,
     _check_forced_pinned,
     _emit,
@@ -126,7 +127,8 @@ _RANK_COLUMNS = ["rank", "component", "uses", "bytes", "score", "reason"]
 
 def plan_pipeline(
     components: Sequence[Component], host: HostMemory | dict | str | int | None = None,
-    pin_budget: int | str | None = None,
+    pin_budget: int | str | None = None, device_memory: int | str | None = None,
+    tokens: int | str | None = None,
 ) -> PipelinePlan:
     """Plan several components against one host and one pin budget.
 
@@ -138,6 +140,12 @@ def plan_pipeline(
     gives back its pins — a higher-ranked plan is never changed for a lower-ranked one. Pin
     ranks are global across the pipeline. Each component's ledger shows the budget and
     ``headroom`` it was given; the pipeline's ledger has the totals.
+
+    Device memory: every component's non-layer tensors and resident layers stay on the device,
+    and one component runs at a time, so the pipeline's ``device_peak_bytes`` (an estimate) is
+    Σ (non-layer + resident) + the largest (in flight + activations) of any component.
+    ``tokens`` sizes the activations of the components whose spec knows that resolution (the
+    others get their own default). With ``device_memory`` a pipeline that does not fit says so.
 
     >>> from offload_lab import catalog
     >>> pp = plan_pipeline([Component("enc", catalog.load("wan2.1-t2v-1.3b"), uses=1),
@@ -157,6 +165,9 @@ def plan_pipeline(
     if dupes:
         raise PlanError(f"component names must be unique; {dupes} appear more than once")
     ranked = sorted(comps, key=lambda c: -c.score)  # stable: ties keep the order given
+    from offload_lab.planning.device import parse_device_memory
+
+    device_memory = parse_device_memory(device_memory)
     units = [
         _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier)
         for c in ranked
@@ -172,7 +183,8 @@ def plan_pipeline(
     for i, (c, u, out) in enumerate(zip(ranked, units, outcomes), start=1):
         params = {"pin_budget": user, **u.params, "component": c.name, "uses": c.uses,
                   "rank": i}
-        plans[c.name] = _finish(u, _ledger(host, out), params, msgs, host)
+        plans[c.name] = _finish(u, _ledger(host, out), params, list(msgs), host)
+        _add_device(plans[c.name], _tokens_for(c.spec, tokens), None)
         rows.append({
             "rank": i, "component": c.name, "uses": c.uses, "bytes": c.spec.layer_bytes,
             "score": c.score,
@@ -185,6 +197,37 @@ def plan_pipeline(
         "budget": budget, "pinned_bytes": sum(o.pinned for o in outcomes),
         "net_anonymous_bytes": sum(o.net for o in outcomes),
         "fits": all(o.fits for o in outcomes), "headroom": host.headroom,
+        **_pipeline_device(list(plans.values()), device_memory),
     }
+    if not ledger["device_fits"]:
+        from offload_lab.planning.device import misfit_note
+
+        msgs = [*msgs, f"pipeline: {misfit_note(ledger)}; accepted: fewer resident layers, a smaller "
+                       f"prefetch or more device memory"]
     _emit(msgs)
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
+
+
+def _tokens_for(spec: ModelSpec, tokens: int | str | None) -> int | str | None:
+    """``tokens`` when ``spec`` can use it, else ``None`` (the spec's own default)."""
+    if tokens is None or not isinstance(tokens, str):
+        return tokens
+    table = spec.meta.get("tokens") or {}
+    return tokens if isinstance(table, dict) and tokens.strip().lower() in {k.lower() for k in table} else None
+
+
+def _pipeline_device(plans: list[Plan], device_memory: int | None) -> dict[str, Any]:
+    """The pipeline's device ledger: what stays (non-layer + resident of every component) plus the
+    largest transient (in flight + activations) of the one component running."""
+    stay = sum(p.ledger["device_non_layer_bytes"] + p.ledger["device_resident_bytes"] for p in plans)
+    moving = max((p.ledger["device_in_flight_bytes"] + p.ledger["device_activation_bytes"] for p in plans),
+                 default=0)
+    peak = stay + moving
+    return {
+        "device_memory": device_memory, "device_peak_bytes": int(peak),
+        "device_non_layer_bytes": sum(p.ledger["device_non_layer_bytes"] for p in plans),
+        "device_resident_bytes": sum(p.ledger["device_resident_bytes"] for p in plans),
+        "device_in_flight_bytes": max((p.ledger["device_in_flight_bytes"] for p in plans), default=0),
+        "device_activation_bytes": max((p.ledger["device_activation_bytes"] for p in plans), default=0),
+        "device_fits": True if device_memory is None else bool(peak <= device_memory),
+    }

@@ -155,7 +155,17 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return bool(self.ledger["fits"])
+        """True when the plan fits the host and (when ``device_memory`` was given) the device."""
+        return bool(self.ledger["fits"]) and bool(self.ledger.get("device_fits", True))
+
+    @property
+    def device_peak(self) -> int:
+        """Predicted steady-state device bytes (an estimate; see :mod:`offload_lab.planning.device`)."""
+        if "device_peak_bytes" not in self.ledger:  # a plan saved before the device model
+            from offload_lab.planning.device import device_parts
+
+            return device_parts(self.spec, self._placement(), self.prefetch, None, None)["device_peak_bytes"]
+        return int(self.ledger["device_peak_bytes"])
 
     def startup_peak(self, strategy: str = "grouped") -> int:
         """Predicted device bytes at the startup peak.
@@ -212,9 +222,14 @@ class Plan:
         led = self.ledger
         tiers = ", ".join(f"{n} {k}" for k, n in t.items() if n)
         fit = "fits" if led["fits"] else "DOES NOT FIT"
+        dev = ""
+        if led.get("device_memory") is not None:
+            dev = (f"; device peak {format_bytes(led['device_peak_bytes'])} (estimate) of "
+                   f"{format_bytes(led['device_memory'])}, "
+                   f"{'fits' if led['device_fits'] else 'DOES NOT FIT the device'}")
         return (f"{len(self.layers)} layers: {tiers}; pinned {format_bytes(led['pinned_bytes'])} "
                 f"of budget {format_bytes(led['budget'])}; net new anonymous "
-                f"{format_bytes(led['net_anonymous_bytes'])}; {fit}")
+                f"{format_bytes(led['net_anonymous_bytes'])}; {fit}{dev}")
 
     def __repr__(self) -> str:
         return f"Plan({self.spec.name!r}, {self.summary()})"
@@ -269,6 +284,21 @@ class Plan:
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (bool(v) if isinstance(v, bool) else int(v) if isinstance(v, int) else v)
             for k, v in d.items()}
+
+
+def _add_device(p: Plan, tokens: Any, device_memory: int | None) -> list[str]:
+    """Put the device part in ``p``'s ledger; when it does not fit, say so in every reason and
+    return the warning (the host side's misfit works the same way)."""
+    from offload_lab.planning.device import device_parts, misfit_note
+
+    p.ledger.update(device_parts(p.spec, p._placement(), p.prefetch, tokens, device_memory))
+    if p.ledger["device_fits"]:
+        return []
+    note = misfit_note(p.ledger)
+    p.layers["reason"] = [f"{r}; does not fit the device" for r in p.layers["reason"]]
+    msg = f"{p.spec.name}: {note}; accepted: fewer resident layers, a smaller prefetch or more device memory"
+    p.warnings.append(msg)
+    return [msg]
 
 
 def _layers_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -344,6 +374,8 @@ def plan(
     prefetch: int = 1,
     tier: str | None = None,
     host: HostMemory | dict | str | int | None = None,
+    device_memory: int | str | None = None,
+    tokens: int | str | None = None,
 ) -> Plan:
     """Plan where each layer of ``spec`` lives between uses (the rules are in the module doc).
 
@@ -364,6 +396,11 @@ def plan(
       layers' host copies are not pinned either.
     - ``host``: a :class:`HostMemory` (``None`` probes this machine; ``"64GiB"`` is a
       hypothetical host with that much available).
+    - ``device_memory``: the device's memory size (``"24GiB"``); the ledger always holds the
+      estimated device peak (``device_peak_bytes`` and its parts), and with a size a plan whose
+      peak exceeds it has ``device_fits`` False, says so in every reason and warns. ``None``
+      checks nothing. ``tokens`` (an int or ``"480p"``) sizes the activation estimate (default:
+      the spec's smallest resolution).
 
     >>> from offload_lab import catalog
     >>> p = plan(catalog.load("minimax-h3"), resident=35, residency="strided",
@@ -371,8 +408,11 @@ def plan(
     >>> p.streamed_layers("blocks")[:4], p.reason_of("blocks", 0).split(";")[0]
     ([1, 5, 8, 11], 'resident: strided 35 of 50')
     """
+    from offload_lab.planning.device import parse_device_memory
+
     unit = _build_unit(spec.name if isinstance(spec, ModelSpec) else "spec", spec, resident,
                        residency, order, prefetch, tier)
+    device_memory = parse_device_memory(device_memory)
     host = _resolve_host(host)
     budget, user, capped = _budget(host, pin_budget)
     _check_forced_pinned(unit, budget)
@@ -380,8 +420,14 @@ def plan(
     msgs = capped + msgs
     ledger = _ledger(host, out)
     params = {"pin_budget": user, **unit.params}
-    _emit(msgs)
-    return _finish(unit, ledger, params, msgs, host)
+    if device_memory is not None:
+        params["device_memory"] = device_memory
+    if tokens is not None:
+        params["tokens"] = tokens
+    p = _finish(unit, ledger, params, msgs, host)
+    _add_device(p, tokens, device_memory)  # appends its warning to p.warnings
+    _emit(p.warnings)
+    return p
 
 
 def pinned_footprint(p: Plan | PipelinePlan, rounding: str = "exact") -> int:

@@ -57,6 +57,8 @@ class DeviceProfile:
     ``dispatch_s`` / ``wake_s`` (sync only) are thread hand-offs: an idle copy thread starting a
     queued copy, the host resuming after a wait. ``provenance`` says where the numbers come from:
     ``{"kind": "measured", "machine": ..., "date": ...}`` or ``{"kind": "estimated", "sources": [...]}``.
+    ``memory_bytes`` is the device's memory size (what :func:`offload_lab.recommend` plans
+    against when no ``device_memory`` is given; ``None`` when unknown).
 
     >>> p = DeviceProfile("toy", {"pinned": 25.0}, compute_s={"blocks": 0.01})
     >>> DeviceProfile.from_dict(p.to_dict()) == p
@@ -85,6 +87,7 @@ class DeviceProfile:
     wake_s: float = 0.0
     provenance: dict[str, Any] = field(default_factory=lambda: {"kind": "estimated", "sources": []})
     notes: str = ""
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -133,6 +136,10 @@ class DeviceProfile:
         if cn and self.compute_mode != "sync":
             raise ProfileError(f"profile {self.name!r}: contention = {cn!r} with compute_mode "
                                f"{self.compute_mode!r}; contention is modelled for 'sync' only (use 0)")
+        m = self.memory_bytes
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
+            raise ProfileError(f"profile {self.name!r}: memory_bytes = {m!r}; accepted: a positive int of "
+                               f"bytes or None (unknown)")
         self.pageable_blocks_host = bool(self.pageable_blocks_host)
         self.mapped_blocks_host = bool(self.mapped_blocks_host)
         if not isinstance(self.provenance, dict) or self.provenance.get("kind") not in ("measured", "estimated"):

@@ -94,9 +94,11 @@ class Report:
     True
     """
 
-    def __init__(self, runs: list[Run], plan: Any = None, title: str | None = None):
+    def __init__(self, runs: list[Run], plan: Any = None, title: str | None = None,
+                 recommendation: Any = None, confirmation: Any = None):
         self.runs = runs
         self.plan = plan
+        self.recommendation, self.confirmation = recommendation, confirmation
         self.title = title or self._default_title()
         self.comparison = compare(runs) if runs else None
         self.metrics = [summary.metrics(r) for r in runs]
@@ -110,6 +112,10 @@ class Report:
             self.figures[f"tier-map-{i}"] = viz.tier_map(r)
         if plan is not None:
             self.figures["plan-tier-map"] = viz.tier_map(plan)
+        if recommendation is not None and recommendation.best is not None:
+            from offload_lab.views.report_recommend import front_figure
+
+            self.figures["recommend-front"] = front_figure(recommendation)
         peak_runs = [r for r in runs if r.meta.get("startup_peak_bytes") is not None and r.meta.get("init_strategy")]
         if plan is not None:
             # a plan's prediction is only comparable with runs of the same model
@@ -193,6 +199,7 @@ class Report:
             "devices": ", ".join(sorted({str(r.meta.get("device_name")) for r in self.runs
                                          if r.meta.get("device_name")})),
             "plan": rd.plan_data(self.plan, viz.tier_color) if self.plan is not None else None,
+            "rec": None if self.recommendation is None else _rec_data(self.recommendation, self.confirmation),
             "warnings": self.warnings, "notes": self.notes, "noisy_limit": f"{summary.NOISY_SPREAD:g}",
             "figures": {name: self._fig_html(name) for name in self.figures},
             "generator": f"offload-lab {__version__} · plotly {plotly.__version__} · written {written}",
@@ -249,12 +256,20 @@ class Report:
                 f"{len(self.warnings)} warning(s)>")
 
 
+def _rec_data(rec: Any, confirmation: Any) -> dict[str, Any]:
+    from offload_lab.views.report_recommend import recommendation_data
+
+    return recommendation_data(rec, confirmation)
+
+
 def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = None,
-           title: str | None = None) -> Report:
+           title: str | None = None, recommendation: Any = None, confirmation: Any = None) -> Report:
     """Build a :class:`Report` of ``runs`` (measured and/or simulated) and optionally their plan.
 
     ``runs`` may be one Run, a list, or a ``{label: Run}`` mapping; it may be empty only when a
-    ``plan`` is given (a plan-only report).
+    ``plan`` is given (a plan-only report). ``recommendation`` (from :func:`offload_lab.recommend`)
+    adds its best plan, front and explanation; ``confirmation`` (from ``rec.confirm(...)``) its
+    predicted vs measured table.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -275,7 +290,16 @@ def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = Non
         run_list: list[Run] = []
     else:
         run_list = as_runs(runs)
-    return Report(run_list, plan=plan, title=title)
+    from offload_lab.simulation.confirm import Confirmation
+    from offload_lab.simulation.recommend import Recommendation
+
+    if recommendation is not None and not isinstance(recommendation, Recommendation):
+        raise ReportError(f"recommendation {recommendation!r:.80} is not a Recommendation; expected the "
+                          f"result of offload_lab.recommend() or None")
+    if confirmation is not None and not isinstance(confirmation, Confirmation):
+        raise ReportError(f"confirmation {confirmation!r:.80} is not a Confirmation; expected the result of "
+                          f"rec.confirm(model, fn) or None")
+    return Report(run_list, plan=plan, title=title, recommendation=recommendation, confirmation=confirmation)
 
 
 

@@ -89,7 +89,18 @@ def _facts(r: Run, m: dict[str, Any]) -> list[dict[str, str]]:
         _row("copy bandwidth", gb),
         _row("bound", f"{fmt_seconds(m['bound_s'])} ({m['bound']['limit']}-bound) · measured / bound "
                       f"{fmt_number(m['vs_bound'], '.2f')}"),
-    ]
+    ] + _device_peak_rows(r)
+
+
+def _device_peak_rows(r: Run) -> list[dict[str, str]]:
+    """Predicted (the planner's estimate) and measured device peak, when the run recorded both."""
+    d = r.meta.get("device_peak")
+    if not isinstance(d, dict) or d.get("predicted_bytes") is None:
+        return []
+    mem = d.get("device_memory")
+    of = f" of {fmt_bytes(mem)}" if mem else ""
+    return [_row("device peak", f"predicted {fmt_bytes(d['predicted_bytes'])} (estimate){of} · measured "
+                                f"{fmt_bytes(d.get('measured_bytes'))} ({d.get('measured_how', '')})")]
 
 
 def _bound_text(m: dict[str, Any]) -> str:

@@ -418,4 +418,21 @@ class OffloadManager(Recorder):
         return events
 
     def _placement(self) -> tuple[pd.DataFrame, dict[str, Any]]:
-        return self.plan.layers, {}
+        return self.plan.layers, {"device_peak": self._device_peak()}
+
+    def _device_peak(self) -> dict[str, Any]:
+        """Predicted (the planner's estimate) and measured device peak, side by side."""
+        led = self.plan.ledger
+        if self.backend_name == "cuda":
+            # the allocator's high-water mark since the manager started: weights and activations
+            measured = int(torch.cuda.max_memory_allocated(self.device) - self._cuda_base)
+            how = "torch.cuda.max_memory_allocated since the manager started (weights + activations)"
+        else:
+            measured = max([int(m["device_bytes"]) for m in self._memory] + [int(self._init_peak)])
+            how = "layer and non-layer weights the cpu backend holds as its device (no activations)"
+        return {
+            "predicted_bytes": int(self.plan.device_peak),
+            "predicted_activation_bytes": int(led.get("device_activation_bytes", 0) or 0),
+            "measured_bytes": measured, "measured_how": how,
+            "device_memory": led.get("device_memory"),
+        }
