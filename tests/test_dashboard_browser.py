@@ -45,6 +45,7 @@ TAB_NAMES = ["Timeline", "Tier map", "Plan: ledger & reasons", "Comparison"]
 RERUN_NOTE = "run this cell again"
 WAIT_MS = 60_000        # a cold kernel importing torch on a busy 2-core machine is slow
 SWITCH_MS = 10_000
+CELL_MS = 120_000       # the first run of the cell imports torch and offload_lab in the kernel
 
 TABS = ".jp-OutputArea .widget-tab"
 # which tab is current, which panel(s) are visible, and what each visible panel holds
@@ -176,7 +177,7 @@ def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
     page.click(".jp-Cell .jp-InputArea-editor")
     page.keyboard.press("Shift+Enter")
     try:
-        page.wait_for_selector(TABS, state="visible")
+        page.wait_for_selector(TABS, state="visible", timeout=CELL_MS)
     except Exception:
         raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
                              f"server log: {lab.log_tail()}") from None
