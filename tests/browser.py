@@ -149,6 +149,119 @@ def open_pages(visits: list[Visit], width: int = 1280, height: int = 900,
     return results
 
 
+
+# -- a real JupyterLab server, for the dashboard tests ------------------------------------------
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class JupyterLab:
+    """A JupyterLab server in its own process: ``url``, ``token``, ``root`` and the REST calls used.
+
+    Every JupyterLab directory (config, data, settings, workspaces, runtime) lives under ``home``
+    so no user setting or kernelspec changes what the test sees; the kernel is this Python.
+    """
+
+    root: Path
+    home: Path
+    port: int
+    token: str
+    proc: Any = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+        """Call the server's REST API; returns the decoded JSON (or None for an empty reply)."""
+        import json
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+        return json.loads(raw) if raw else None
+
+    def start(self, timeout_s: float = 60.0, pythonpath: str | None = None) -> JupyterLab:
+        """Start the server and wait (bounded) until its REST API answers."""
+        import subprocess
+        import time
+
+        env = {**os.environ, "HOME": str(self.home),
+               "JUPYTER_CONFIG_DIR": str(self.home / "config"),
+               "JUPYTER_DATA_DIR": str(self.home / "data"),
+               "JUPYTER_RUNTIME_DIR": str(self.home / "runtime"),
+               "JUPYTERLAB_SETTINGS_DIR": str(self.home / "settings"),
+               "JUPYTERLAB_WORKSPACES_DIR": str(self.home / "workspaces"),
+               "JUPYTER_PLATFORM_DIRS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        self.log = self.home / "jupyterlab.log"
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
+               "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=self.root)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyterlab exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                self.api("GET", "/api/status", timeout=2)
+                return self
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"jupyterlab did not answer on port {self.port} in {timeout_s:.0f} s: "
+                           f"{self.log_tail()}")
+
+    def log_tail(self, n: int = 2000) -> str:
+        """The end of the server's log (its kernel errors show up here)."""
+        try:
+            return self.log.read_text(errors="replace")[-n:] if self.log else ""
+        except OSError:
+            return ""
+
+    def kernel_state(self, path: str) -> tuple[str | None, str | None]:
+        """(kernel id, execution state) of the session open on notebook ``path``, else (None, None)."""
+        for s in self.api("GET", "/api/sessions"):
+            if s.get("path") == path and s.get("kernel"):
+                k = self.api("GET", f"/api/kernels/{s['kernel']['id']}")
+                return k["id"], k.get("execution_state")
+        return None, None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Shut the server down (its kernels with it); kill it when it does not stop in time."""
+        import signal
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.api("POST", "/api/shutdown", timeout=5)
+        except OSError:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
 if __name__ == "__main__":
     r = open_html(sys.argv[1], screenshot=sys.argv[2] if len(sys.argv) > 2 else None)
     print(r)

@@ -93,7 +93,12 @@ class ControlsMixin:
             f"<b>PlanExplorer · {html.escape(self.spec.name)}</b> — "
             f"{sum(g.num_layers for g in groups)} layers in {len(groups)} group(s) "
             f"({', '.join(f'{html.escape(g.name)}: {g.num_layers}' for g in groups)}), "
-            f"{format_bytes(self._layer_total)} of layer weights")
+            f"{format_bytes(self._layer_total)} of layer weights"
+            # a saved notebook redraws the dashboard from its saved widget state after a
+            # kernel restart: the tabs still switch but no control reaches Python any more
+            "<br><small style='color:#667085'>The controls act through the running kernel: "
+            "after a kernel restart, or in a copy of the notebook opened later, run this cell again."
+            "</small>")
         self.host_choice = W.Dropdown(options=self._host_options(), value=self._default_host_key(),
                                       description="host", style=style, layout=wide)
         self.budget = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01,

@@ -1,0 +1,220 @@
+"""The PlanExplorer dashboard in a real JupyterLab, in headless Chromium: its tabs keep switching.
+
+A user reported that "after reopening a browser tab the dashboard's tabs stopped switching".
+This test drives what that user did, end to end: a JupyterLab server on localhost, a notebook
+whose cell builds ``PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)``, the cell run
+once the kernel is idle, every dashboard tab clicked (the visible panel must be that tab's, and
+its content must be that panel's), the notebook saved, then
+
+1. the page reloaded, kernel alive → the tabs switch;
+2. the browser tab closed and the notebook opened in a new page, kernel alive → the tabs switch;
+3. the kernel restarted and the page reloaded, with the widget state saved in the notebook →
+   the dashboard is drawn from the saved state and its tabs still switch (the tab bar is
+   frontend-only), but nothing behind the controls runs any more, so the dashboard must say
+   that the cell has to be run again — it does, in its title line;
+4. the same without saved widget state (JupyterLab's default) → JupyterLab shows
+   "Error displaying widget: model not found" in place of the dashboard: there are no tabs at
+   all, which is the most likely reading of "the tabs stopped switching".
+
+Not reproduced (JupyterLab 4.6, ipywidgets 8.1, jupyterlab_widgets 3.0, Chromium): tabs that
+are drawn but do not switch. With a live kernel (reload, new page) and with saved state after a
+kernel restart, every click switched the panel. What a user sees after a kernel restart is
+either a dashboard whose tabs switch but whose controls do nothing (saved state) or no
+dashboard at all (no saved state); the dashboard's title now tells them to run the cell again.
+
+Every wait is bounded (a failure, never a hang) and the server is always shut down.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = "dashboard.ipynb"
+CELL = ('from offload_lab import PlanExplorer\n'
+        'ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)\n'
+        'ex')
+TAB_NAMES = ["Timeline", "Tier map", "Plan: ledger & reasons", "Comparison"]
+RERUN_NOTE = "run this cell again"
+WAIT_MS = 60_000        # a cold kernel importing torch on a busy 2-core machine is slow
+SWITCH_MS = 10_000
+CELL_MS = 120_000       # the first run of the cell imports torch and offload_lab in the kernel
+
+TABS = ".jp-OutputArea .widget-tab"
+# which tab is current, which panel(s) are visible, and what each visible panel holds
+STATE_JS = """() => {
+  const t = document.querySelector('.jp-OutputArea .widget-tab');
+  if (!t) return null;
+  const kids = [...t.querySelector('.widget-tab-contents').children];
+  const shown = kids.map((k, i) => [i, k])
+    .filter(([i, k]) => !k.classList.contains('lm-mod-hidden') && k.offsetParent !== null);
+  const tabs = [...t.querySelectorAll('.lm-TabBar-tab')];
+  return {current: tabs.findIndex(x => x.classList.contains('lm-mod-current')),
+          titles: tabs.map(x => x.innerText.trim()),
+          visible: shown.map(([i]) => i),
+          text: shown.map(([i, k]) => k.innerText),
+          plots: shown.map(([i, k]) => k.querySelectorAll('.main-svg').length)};
+}"""
+OUTPUT_TEXT_JS = "() => [...document.querySelectorAll('.jp-OutputArea')].map(o => o.innerText).join('\\n')"
+
+
+def _panel_holds(i: int, state: dict) -> bool:
+    """Does the one visible panel hold what tab ``i`` shows (independent of its position)?"""
+    text, plots = state["text"][0], state["plots"][0]
+    return {
+        0: plots == 0 and "HostMemory(" not in text,          # timeline: empty until Simulate
+        1: plots >= 1,                                        # tier map: a plotly figure
+        2: "HostMemory(available=64.00 GiB" in text and "pin budget" in text,  # the ledger
+        3: "No runs kept yet" in text,                        # the comparison
+    }[i]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server over a temp root holding the dashboard notebook; shut down after."""
+    from browser import JupyterLab, chromium_available, free_port
+
+    why = chromium_available()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("jupyterlab")
+    pytest.importorskip("ipywidgets")
+    import nbformat
+
+    home = tmp_path_factory.mktemp("jupyter-home")
+    root = home / "notebooks"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / NOTEBOOK)
+    # save the widget state with the notebook, as a user who wants it kept across sessions does
+    settings = home / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
+    settings.mkdir(parents=True)
+    (settings / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
+    server = JupyterLab(root, home, free_port(), secrets.token_hex(16))
+    try:
+        server.start(pythonpath=str(REPO))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def context(lab):
+    """A headless Chromium context (the Debian build) that may only reach the local server."""
+    from browser import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            ctx.set_default_timeout(WAIT_MS)
+            # nothing outside the server: no fonts, news or extension index from the network
+            ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith(lab.url)
+                      or r.request.url.split(":", 1)[0] in ("data", "blob", "about") else r.abort())
+            yield ctx
+        finally:
+            browser.close()
+
+
+def _wait_kernel_idle(lab, page, timeout_s: float = WAIT_MS / 1000) -> str:
+    """Wait until the notebook's kernel exists and is idle, per the server and per the page."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        kid, last = lab.kernel_state(NOTEBOOK)
+        page_status = page.evaluate("() => { const e = document.querySelector("
+                                    "'.jp-Notebook-ExecutionIndicator'); "
+                                    "return e && e.getAttribute('data-status'); }")
+        # the page's indicator reads "idle" before a kernel is attached: require both
+        if kid is not None and last == "idle" and page_status == "idle":
+            return kid
+        time.sleep(0.25)
+    raise AssertionError(f"the kernel of {NOTEBOOK} was not idle after {timeout_s:.0f} s "
+                         f"(server says {last!r}); server log: {lab.log_tail()}")
+
+
+def _open(lab, context):
+    page = context.new_page()
+    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}", wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    return page
+
+
+def _state(page) -> dict:
+    page.wait_for_selector(TABS, state="visible")
+    return page.evaluate(STATE_JS)
+
+
+def _check_tabs_switch(page, when: str) -> None:
+    """Click every tab (then the first again): its panel alone is shown, with its own content."""
+    state = _state(page)
+    assert state["titles"] == TAB_NAMES, when
+    for i in (1, 2, 3, 0):
+        page.locator(f"{TABS} .lm-TabBar-tab").nth(i).click(timeout=SWITCH_MS)
+        try:
+            page.wait_for_function(f"() => {{ const s = ({STATE_JS})(); return s && s.current === {i} "
+                                   f"&& s.visible.length === 1 && s.visible[0] === {i}; }}",
+                                   timeout=SWITCH_MS)
+        except Exception:
+            raise AssertionError(f"{when}: clicking tab {TAB_NAMES[i]!r} did not show its panel: "
+                                 f"{page.evaluate(STATE_JS)}") from None
+        state = page.evaluate(STATE_JS)
+        assert _panel_holds(i, state), f"{when}: tab {TAB_NAMES[i]!r} shows {state}"
+
+
+def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
+    page = _open(lab, context)
+    kid = _wait_kernel_idle(lab, page)
+    page.click(".jp-Cell .jp-InputArea-editor")
+    page.keyboard.press("Shift+Enter")
+    try:
+        page.wait_for_selector(TABS, state="visible", timeout=CELL_MS)
+    except Exception:
+        raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
+                             f"server log: {lab.log_tail()}") from None
+    _check_tabs_switch(page, "first run")
+    assert RERUN_NOTE in page.evaluate(OUTPUT_TEXT_JS)
+
+    # save (with the widget state), then reload the page: same kernel, widgets from the kernel
+    page.keyboard.press("Control+s")
+    page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=SWITCH_MS)
+    page.reload(wait_until="domcontentloaded")
+    _wait_kernel_idle(lab, page)
+    _check_tabs_switch(page, "after reload, kernel alive")
+
+    # "reopening a browser tab": close it, open the notebook in a new page
+    page.close()
+    page = _open(lab, context)
+    assert _wait_kernel_idle(lab, page) == kid
+    _check_tabs_switch(page, "in a new page, kernel alive")
+
+    # restart the kernel: the models behind the views are gone; the saved state still draws
+    lab.api("POST", f"/api/kernels/{kid}/restart", timeout=30)
+    page.reload(wait_until="domcontentloaded")
+    _wait_kernel_idle(lab, page)
+    _check_tabs_switch(page, "after a kernel restart, saved widget state")
+    assert RERUN_NOTE in page.evaluate(OUTPUT_TEXT_JS)  # and it says the cell must run again
+    page.close()
+
+    # without saved widget state (JupyterLab's default), a restarted kernel leaves no dashboard
+    model = lab.api("GET", f"/api/contents/{NOTEBOOK}?content=1")
+    assert model["content"]["metadata"].get("widgets"), "the widget state was not saved"
+    del model["content"]["metadata"]["widgets"]
+    lab.api("PUT", f"/api/contents/{NOTEBOOK}",
+            {"type": "notebook", "format": "json", "content": model["content"]})
+    page = _open(lab, context)
+    _wait_kernel_idle(lab, page)
+    page.wait_for_function("() => document.querySelector('.jp-OutputArea') && "
+                           "document.querySelector('.jp-OutputArea').innerText.includes('model not found')",
+                           timeout=WAIT_MS)
+    assert page.query_selector(TABS) is None
+    page.close()
