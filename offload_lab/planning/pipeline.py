@@ -186,5 +186,7 @@ def plan_pipeline(
         "net_anonymous_bytes": sum(o.net for o in outcomes),
         "fits": all(o.fits for o in outcomes), "headroom": host.headroom,
     }
+    if host.ranks > 1:  # this rank's share of a node that several ranks plan against
+        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
     _emit(msgs)
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
