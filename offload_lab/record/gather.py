@@ -100,12 +100,14 @@ def run_from_bytes(data: bytes, where: str = "gathered run") -> Run:
 
 
 # -- joining ---------------------------------------------------------------------------------
-def merge_ranks(runs: Sequence[Run], ranks: Sequence[int] | None = None, label: str | None = None) -> Run:
+def merge_ranks(runs: Sequence[Run], ranks: Sequence[int] | None = None, label: str | None = None,
+                offsets_s: Sequence[float] | None = None) -> Run:
     """One multi-rank :class:`Run` from one run per rank: every frame gains its ``rank``.
 
     ``ranks`` defaults to each run's ``meta["rank"]`` (else its position). Each rank's times stay
-    on its own clock, from its own origin. ``meta["ranks"]`` keeps each rank's
-    :data:`RANK_KEYS` and its plan ledger; the rest of meta is rank 0's (the lowest rank's).
+    on its own clock, from its own origin, unless ``offsets_s`` (one per run) shifts them onto a
+    shared one. ``meta["ranks"]`` keeps each rank's :data:`RANK_KEYS` and its plan ledger; the
+    rest of meta is rank 0's (the lowest rank's).
     """
     runs = list(runs)
     if not runs or not all(isinstance(r, Run) for r in runs):
@@ -115,12 +117,21 @@ def merge_ranks(runs: Sequence[Run], ranks: Sequence[int] | None = None, label: 
     ranks = [int(k) for k in ranks]
     if len(ranks) != len(runs) or len(set(ranks)) != len(ranks) or min(ranks) < 0:
         raise GatherError(f"ranks {ranks!r:.80} must be {len(runs)} distinct integers ≥ 0, one per run")
+    offsets = [0.0] * len(runs) if offsets_s is None else [float(x) for x in offsets_s]
+    if len(offsets) != len(runs):
+        raise GatherError(f"offsets_s has {len(offsets)} value(s); expected one per run ({len(runs)})")
     order = sorted(range(len(runs)), key=lambda i: ranks[i])
-    runs, ranks = [runs[i] for i in order], [ranks[i] for i in order]
+    runs, ranks, offsets = [runs[i] for i in order], [ranks[i] for i in order], [offsets[i] for i in order]
     run_id = f"ranks-{uuid.uuid4().hex[:8]}"
     frames = {}
+    shifted = {"events": ("start_s", "end_s"), "memory": ("t_s",)}
     for name in FRAMES:
-        parts = [getattr(r, name).assign(rank=k) for r, k in zip(runs, ranks)]
+        parts = []
+        for r, k, off in zip(runs, ranks, offsets):
+            df = getattr(r, name).assign(rank=k)
+            for col in shifted.get(name, ()) if off else ():
+                df[col] = df[col] + off
+            parts.append(df)
         frames[name] = pd.concat(parts, ignore_index=True)
     frames["events"]["run"] = run_id
     first = runs[0]
