@@ -274,6 +274,11 @@ def _lanes(ev: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     order.append("host")
     present = set(lane)
     order = [n for n in order if n in present] + sorted(present - set(order))
+    ranks = sorted(set(ev["rank"].tolist())) if "rank" in ev.columns else [0]
+    if len(ranks) > 1:  # one band of lanes per rank, rank 0 on top
+        lane = "rank " + ev["rank"].astype(str) + " · " + lane
+        order = [f"rank {r} · {n}" for r in ranks for n in order]
+        order = [n for n in order if n in set(lane)]
     return lane, order
 
 
@@ -308,7 +313,8 @@ def _step_selector(ranges: dict[int, tuple[float, float]], t0: float, t1: float,
 
 
 def timeline(run: Run, step: int | None = None) -> go.Figure:
-    """Per-layer intervals on one lane per stream (and per group where there are several).
+    """Per-layer intervals on one lane per stream (and per group where there are several; per
+    rank, in bands, for a multi-rank run).
 
     Copy and compute bars are coloured by tier; stalls (``wait``) are red, host-blocked intervals
     (pageable/mapped staging) dark and hatched. Hover shows group, layer, tier, bytes, duration and
@@ -383,7 +389,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
                                            scale, step is None)
     return _figure(
-        traces, title, int(min(170 + 44 * len(order), 480)),
+        traces, title, int(min(170 + 44 * len(order), 480 if not order[0].startswith("rank ") else 1200)),
         xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),
         yaxis=dict(type="category", categoryorder="array", categoryarray=order[::-1], showgrid=False),
         barmode="overlay", bargap=0.2, shapes=shapes, updatemenus=menus)
@@ -549,7 +555,7 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     ['pinned (simulated)', 'pageable (simulated)']
     """
     runs = as_runs(runs)
-    cmp = compare(runs)
+    cmp = compare(runs, ranks="max")
     # horizontal bars: long run labels read left of the bars instead of as rotated ticks
     common, names = run_names(runs)
     full = [run_name(r) for r in runs]
