@@ -113,3 +113,23 @@ def test_per_rank_traces_import_as_one_run(tmp_path):
     assert [m["rank"] for m in run.meta["ranks"]] == [0, 1]
     single = offload_lab.from_torch_profiler(traces / "rank1.trace.json")
     assert len(run.events[run.events["rank"] == 1]) == len(single.events)
+
+
+def test_cli_profile_under_torchrun(tmp_path):
+    import os
+    import subprocess
+
+    out, rep = tmp_path / "ranks.zip", tmp_path / "ranks.html"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "offload_lab", "profile", "wan2.1-t2v-1.3b", "--scale", "0.02", "--layers", "2",
+           "--tokens", "16", "-n", "2", "--warmup", "0", "--backend", "cpu", "--host", "64GiB",
+           "--out", str(out), "--report", str(rep)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=JOIN_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("saved ") == 1  # rank 0 speaks and writes; rank 1 only profiles
+    run = offload_lab.Run.load(out)
+    assert sorted(set(run.events["rank"])) == [0, 1] and run.meta["world_size"] == 2
+    node = offload_lab.HostMemory(available="64GiB", shared_by=1).spendable
+    assert sum(m["ledger"]["spendable"] for m in run.meta["ranks"]) <= node
+    assert 'id="ranks-0"' in rep.read_text()

@@ -176,6 +176,7 @@ examples:
   offload-lab profile wan2.1-t2v-1.3b --tier pinned --out pinned.zip
   offload-lab profile wan2.1-t2v-1.3b --scale 0.25 --layers 4 --tokens 256 --tier pageable --out pageable.zip
   offload-lab profile ckpt/model.safetensors --tier mapped --out mapped.zip
+  torchrun --nproc-per-node 4 -m offload_lab profile wan2.1-t2v-1.3b --out ranks.zip --report ranks.html
 
 MODEL is a catalog name or a spec JSON (a synthetic model with its architecture is built, scaled
 by --scale / --layers; chosen to take a few seconds per step here when not given), or a
@@ -287,6 +288,8 @@ def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--init", type=argparse_type(parse_choice, "init", "init", STRATEGIES), default="grouped",
                    metavar="|".join(STRATEGIES), help="group initialisation strategy (default grouped)")
     p.add_argument("--label", help="run label (default: from the tiers)")
+    p.add_argument("--report", metavar="PATH",
+                   help="also write an HTML report of the run (under torchrun: rank 0 writes both)")
     _output(p, "where to save the run", required=True, metavar="RUN.zip")
 
 
