@@ -36,7 +36,7 @@ from markupsafe import Markup
 from offload_lab import __version__
 from offload_lab.analysis import summary
 from offload_lab.analysis.comparison import compare
-from offload_lab.analysis.ranks import is_multi_rank, rank_table
+from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run
 from offload_lab.analysis.summary import as_runs
 from offload_lab.record.run import Run
 from offload_lab.units import format_bytes
@@ -101,7 +101,8 @@ class Report:
         self.plan = plan
         self.title = title or self._default_title()
         self.comparison = compare(runs, ranks="max") if runs else None
-        self.metrics = [summary.metrics(r) for r in runs]
+        # a multi-rank run reads as its node: each step as long as its slowest rank's
+        self.metrics = [summary.metrics(slowest_rank_run(r) if is_multi_rank(r) else r) for r in runs]
         self.figures: dict[str, go.Figure] = {}
         if runs:
             self.figures["step-times"] = viz.step_times(runs)
