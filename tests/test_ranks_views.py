@@ -107,3 +107,17 @@ def test_trace_directory_errors(tmp_path):
     shutil.copy(src, tmp_path / "a.json")
     with pytest.raises(TraceFormatError, match="distributedInfo"):
         offload_lab.from_torch_profiler(tmp_path)
+
+
+def test_a_ranks_own_run_carries_its_rank():
+    import pandas as pd
+
+    events = [{"step": 0, "group": "blocks", "layer": 0, "kind": "compute", "stream": "compute",
+               "tier": "pinned", "bytes": 0, "start_s": 0.0, "end_s": 1.0}]
+    layers = pd.DataFrame({"group": ["blocks"], "layer": [0], "tier": ["pinned"], "bytes": [8],
+                           "mapped_bytes": [0], "streamed": [True], "pin_rank": [1]})
+    run = offload_lab.Run.build(events, [{"step": 0, "start_s": 0.0, "end_s": 1.0}], layers,
+                                [{"t_s": 0.5, "device_bytes": 1, "pinned_bytes": 8, "anon_bytes": 0,
+                                  "mapped_bytes": 0}], {"rank": 3, "backend": "cpu"})
+    assert {n: set(getattr(run, n)["rank"]) for n in ("events", "layers", "steps", "memory")} == \
+        {n: {3} for n in ("events", "layers", "steps", "memory")}
