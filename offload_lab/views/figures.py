@@ -329,14 +329,17 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     """
     run = _check_run(run)
     ev = run.events
-    steps_measured = [int(s) for s in run.steps["step"]] if len(run.steps) else sorted(set(ev["step"]))
+    steps_measured = sorted({int(s) for s in run.steps["step"]}) if len(run.steps) else sorted(set(ev["step"]))
+    ranks = sorted(set(run.layers["rank"].tolist()))
+    lay = run.layers[run.layers["rank"] == ranks[0]] if len(ranks) > 1 else run.layers
     if step is not None:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in steps_measured:
             raise VizError(f"step {step!r} was not measured in run {run.label!r}; "
                            f"accepted: one of {steps_measured} or None for all steps")
         ev = ev[ev["step"] == int(step)]
-    sub = (f"{esc(analysis.tier_summary(run.layers))} · median step {fmt_seconds(run.step_time)} · "
-           f"{len(steps_measured)} step(s) · {_device(run)}")
+    sub = (f"{esc(analysis.tier_summary(lay))} · median step {fmt_seconds(run.step_time)} · "
+           f"{len(steps_measured)} step(s)" + (f" · {len(ranks)} ranks" if len(ranks) > 1 else "")
+           + f" · {_device(run)}")
     title = _title(f"Timeline · {_title_label(run)}{_sim_tag(run.simulated)}", sub)
     if not len(ev):
         return _empty(title, f"run {run.label!r} recorded no events", 220)

@@ -36,7 +36,7 @@ from markupsafe import Markup
 from offload_lab import __version__
 from offload_lab.analysis import summary
 from offload_lab.analysis.comparison import compare
-from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run
+from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run, split_ranks
 from offload_lab.analysis.summary import as_runs
 from offload_lab.record.run import Run
 from offload_lab.units import format_bytes
@@ -112,8 +112,10 @@ class Report:
                 self.figures[f"rank-steps-{i}"] = rank_figures.rank_steps(r)
                 self.figures[f"rank-bandwidth-{i}"] = rank_figures.rank_bandwidth(r)
             self.figures[f"timeline-{i}"] = viz.timeline(r)
-            self.figures[f"memory-{i}"] = viz.memory(r)
-            self.figures[f"tier-map-{i}"] = viz.tier_map(r)
+            # memory samples and placement are per process: a multi-rank run shows its first rank's
+            first = next(iter(split_ranks(r).values())) if is_multi_rank(r) else r
+            self.figures[f"memory-{i}"] = viz.memory(first)
+            self.figures[f"tier-map-{i}"] = viz.tier_map(first)
         if plan is not None:
             self.figures["plan-tier-map"] = viz.tier_map(plan)
         peak_runs = [r for r in runs if r.meta.get("startup_peak_bytes") is not None and r.meta.get("init_strategy")]
