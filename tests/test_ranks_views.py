@@ -121,3 +121,17 @@ def test_a_ranks_own_run_carries_its_rank():
                                   "mapped_bytes": 0}], {"rank": 3, "backend": "cpu"})
     assert {n: set(getattr(run, n)["rank"]) for n in ("events", "layers", "steps", "memory")} == \
         {n: {3} for n in ("events", "layers", "steps", "memory")}
+
+
+def test_cli_simulate_a_node(tmp_path, capsys):
+    from offload_lab.cli.app import main
+
+    out = tmp_path / "node.zip"
+    assert main(["simulate", "wan2.1-t2v-14b", "--device", "h200", "--tier", "pinned", "--host", "1TiB",
+                 "--ranks-per-node", "4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "4 ranks copying at once" in text and "SIMULATED" in text
+    run = offload_lab.Run.load(out)
+    assert run.meta["ranks_per_node"] == 4 and sorted(set(run.steps["rank"])) == [0, 1, 2, 3]
+    node = offload_lab.HostMemory(available="1TiB", shared_by=1)
+    assert run.meta["plan"]["ledger"]["spendable"] == node.spendable // 4

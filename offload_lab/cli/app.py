@@ -304,6 +304,9 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
                    help="video tokens or a resolution (default: the model's smallest, 480p)")
     p.add_argument("--passes", type=_count("passes", 1, MAX_PASSES), default=1, metavar="N",
                    help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
+    p.add_argument("--ranks-per-node", type=_count("ranks-per-node", 1, 64), default=1, metavar="K",
+                   help="K ranks of one node copying at once, each planned against 1/K of --host "
+                        "(an estimate; default 1)")
     p.add_argument("--label", help="run label (always ends with '(simulated)')")
     _output(p, "where to save the run (default: print only)", metavar="RUN.zip")
 

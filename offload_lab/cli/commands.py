@@ -303,14 +303,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from offload_lab.model.flops import resolve_tokens
 
         resolve_tokens(spec, args.tokens)  # a bad resolution fails before any output
+    k = getattr(args, "ranks_per_node", 1)
+    if k > 1:  # the node's host is shared: each rank plans against its 1/k
+        from offload_lab.planning.hostmem import HostMemory, resolve_host
+
+        node = resolve_host(args.host if args.host is not None else SIM_HOST)
+        args.host = HostMemory.from_dict({**node.to_dict(), "shared_by": k, "local_rank": 0})
     p = _make_plan(spec, args, host=SIM_HOST)
     _say(_host_line(p))
     _say(f"plan: {p.summary()}")
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
     run = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
-                   warmup=args.warmup, passes=args.passes)
-    m = analysis.metrics(run)
+                   warmup=args.warmup, passes=args.passes, ranks_per_node=k)
+    if k > 1:
+        from offload_lab.analysis.ranks import slowest_rank_run
+
+        _say(f"node: {k} ranks copying at once; pageable and mapped staging share the host memory bus "
+             f"(an estimate: {'; '.join(run.meta['estimates'])})")
+        run_view = slowest_rank_run(run)
+    else:
+        run_view = run
+    m = analysis.metrics(run_view)
     kind = profile.provenance.get("kind", "estimated")
     _say(f"{run.label}: {fmt_seconds(m['step_s'])} per step (SIMULATED on the {kind} profile "
          f"{profile.name!r}, not measured)")
