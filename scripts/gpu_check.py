@@ -243,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
-    ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers", "recommend"), default="all",
+    ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks"),
+                    default="all",
                     help="main: smoke + measured runs; smoke: only the correctness checks; "
+                         "ranks: the multi-rank checks (nccl gather, host staging bandwidth; about a minute); "
                          "extras: the torch.profiler trace check; "
                          "recommend: recommend() then confirm() on cuda, predicted vs measured step and "
                          "device peak (about a minute); "
@@ -331,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             print(f"  FAILED trace check:\n{traceback.format_exc()}", flush=True)
         if args.stage == "extras":
+            return 0
+    if args.stage in ("all", "ranks"):
+        from gpu_ranks import run_stage
+
+        run_stage(out, log=lambda m: print(m, flush=True))
+        if args.stage == "ranks":
             return 0
     if args.stage in ("all", "diffusers"):
         try:

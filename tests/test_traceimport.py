@@ -76,7 +76,7 @@ def fixture_run() -> Run:
 
 
 def test_fixture_events_exact(fixture_run):
-    ev = us(fixture_run).drop(columns=["run", "call", "dur_us"])
+    ev = us(fixture_run).drop(columns=["run", "call", "rank", "dur_us"])
     expected = pd.DataFrame([
         # step group layer kind stream tier bytes start end
         (1, "blocks", 0, "copy", "copy", "pinned", 4000, 20.0, 60.0),

@@ -95,7 +95,27 @@ def _ratios(runs: list[Run], step_s: list[float]) -> tuple[list[float], list[str
     return ratio, ref, note
 
 
-def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
+RANK_MODES = ("all", "max")
+
+
+def _expand_ranks(runs: list[Run], ranks: str) -> list[Run]:
+    """A multi-rank run as its ranks' runs plus the node's (``"all"``) or the node's alone (``"max"``)."""
+    from offload_lab.analysis.ranks import is_multi_rank, slowest_rank_run, split_ranks
+
+    if ranks not in RANK_MODES:
+        raise ValueError(f"ranks {ranks!r} is not one of {list(RANK_MODES)}")
+    out = []
+    for r in runs:
+        if not is_multi_rank(r):
+            out.append(r)
+            continue
+        if ranks == "all":
+            out += list(split_ranks(r).values())
+        out.append(slowest_rank_run(r))
+    return out
+
+
+def compare(runs: Run | Iterable[Run] | Mapping[str, Run], ranks: str = "all") -> pd.DataFrame:
     """One row per run: ``label, backend, simulated, tiers, step_s, ratio``, then ``stall_s,
     exposed_copy_s, overlap`` (medians per step), ``bound_s, vs_bound``, ``ratio_to`` (the label
     of the run the ratio is to), ``ratio_note`` (why a ratio is blank), ``spread`` (slowest /
@@ -103,6 +123,10 @@ def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
 
     ``ratio`` is the step time over that of the first run of the same model, token count and
     backend (see :func:`why_not_comparable`); NaN where no other run is comparable.
+
+    A multi-rank run gives one row per rank (``"<label> · rank k"``) and then the node's row
+    (``"<label> · max over ranks"``: each step as long as its slowest rank's); ``ranks="max"``
+    keeps only the node's row, one row per run given.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -114,7 +138,7 @@ def compare(runs: Run | Iterable[Run] | Mapping[str, Run]) -> pd.DataFrame:
     >>> list(df["label"]), float(df["ratio"].iloc[0])
     (['pinned (simulated)', 'pageable (simulated)'], 1.0)
     """
-    runs = as_runs(runs)
+    runs = _expand_ranks(as_runs(runs), ranks)
     keep = ("label", "backend", "simulated", "tiers", "step_s", "stall_s", "exposed_copy_s", "overlap",
             "bound_s", "vs_bound", "spread", "noisy")
     df = pd.DataFrame([{k: m[k] for k in keep} for m in map(metrics, runs)])

@@ -158,6 +158,7 @@ examples:
   offload-lab profile wan2.1-t2v-1.3b --tier pinned --out pinned.zip
   offload-lab profile wan2.1-t2v-1.3b --scale 0.25 --layers 4 --tokens 256 --tier pageable --out pageable.zip
   offload-lab profile ckpt/model.safetensors --tier mapped --out mapped.zip
+  torchrun --nproc-per-node 4 -m offload_lab profile wan2.1-t2v-1.3b --out ranks.zip --report ranks.html
 
 MODEL is a catalog name or a spec JSON (a synthetic model with its architecture is built, scaled
 by --scale / --layers; chosen to take a few seconds per step here when not given), or a
@@ -280,6 +281,8 @@ def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--init", type=argparse_type(parse_choice, "init", "init", STRATEGIES), default="grouped",
                    metavar="|".join(STRATEGIES), help="group initialisation strategy (default grouped)")
     p.add_argument("--label", help="run label (default: from the tiers)")
+    p.add_argument("--report", metavar="PATH",
+                   help="also write an HTML report of the run (under torchrun: rank 0 writes both)")
     _output(p, "where to save the run", required=True, metavar="RUN.zip")
 
 
@@ -294,6 +297,9 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
                    help="video tokens or a resolution (default: the model's smallest, 480p)")
     p.add_argument("--passes", type=_count("passes", 1, MAX_PASSES), default=1, metavar="N",
                    help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
+    p.add_argument("--ranks-per-node", type=_count("ranks-per-node", 1, 64), default=1, metavar="K",
+                   help="K ranks of one node copying at once, each planned against 1/K of --host "
+                        "(an estimate; default 1)")
     p.add_argument("--label", help="run label (always ends with '(simulated)')")
     _output(p, "where to save the run (default: print only)", metavar="RUN.zip")
 

@@ -203,6 +203,10 @@ def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Modul
 def cmd_profile(args: argparse.Namespace) -> int:
     """``offload-lab profile MODEL --out RUN.zip``: a measured run of a synthetic model.
 
+    Under ``torchrun --nproc-per-node N`` every rank profiles its own copy of the model under
+    its share of the node's host memory, and rank 0 saves the gathered multi-rank run (and the
+    ``--report``).
+
     >>> import tempfile, pathlib
     >>> from offload_lab.cli.app import build_parser
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "tiny.zip"
@@ -213,11 +217,25 @@ def cmd_profile(args: argparse.Namespace) -> int:
     saved ...tiny.zip
     0
     """
+    from offload_lab.cli import distributed
+
+    out = check_output(args.out, args.force, inputs=[args.model], suffix=".zip")
+    report_out = (check_output(args.report, args.force, inputs=[args.model], suffix=".html")
+                  if getattr(args, "report", None) else None)
+    backend = _resolve_backend(args.backend)
+    ranks = distributed.launched()
+    if ranks is None:
+        return _profile_here(args, backend, out, report_out, None)
+    with distributed.session(ranks, backend):
+        return _profile_here(args, backend, out, report_out, ranks)
+
+
+def _profile_here(args: argparse.Namespace, backend: str, out: Path, report_out: Path | None,
+                  ranks: Any) -> int:
+    """Profile on this process (one rank of several when ``ranks`` is given); save on rank 0."""
     from offload_lab.model import synthetic
     from offload_lab.record.runtime import profile
 
-    out = check_output(args.out, args.force, inputs=[args.model], suffix=".zip")
-    backend = _resolve_backend(args.backend)
     threads = _set_threads(backend, args.threads)
     t0 = time.perf_counter()
     model, size, verb = _build_for_profile(args, backend)
@@ -226,25 +244,35 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for line in size.why:
         _say(f"sizing: {line}")
     _say(f"{verb} {size.describe()} in {time.perf_counter() - t0:.1f} s")
+    if ranks is not None:
+        _say(f"ranks: {ranks.world_size} under torchrun; each plans against its share of the node's host memory")
     spec = synthetic.spec_of(model)
     p = _make_plan(spec, args)
     _say(f"plan: {p.summary()}")
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
     steps = args.steps or 3
-    device = "cuda" if backend == "cuda" else "cpu"
+    device = ("cuda" if ranks is None else ranks.device) if backend == "cuda" else "cpu"
     inputs = synthetic.example_inputs(model, tokens=size.tokens, text_tokens=size.text_tokens, device=device)
     bar = Progress(steps + args.warmup)
     bar.stage(f"profiling on {backend}")
     run = profile(model, lambda: model(**inputs), p, steps=steps, warmup=args.warmup, backend=backend,
-                  init=args.init, label=args.label, progress=bar.steps(f"profiling on {backend}"))
+                  device=device if ranks is not None else None, init=args.init, label=args.label,
+                  progress=bar.steps(f"profiling on {backend}"), gather=ranks is not None)
     bar.close()
+    if run is None:  # another rank than 0: rank 0 holds the gathered run
+        return 0
     with cleaned_up(out):
         path = run.save(out)
     _say(_comparison_text([run]))
     if backend == "cpu":
         _say(_CPU_NOTE.format(here="", where=" (offload-lab simulate)"))
     _say(f"saved {path.resolve()}")
+    if report_out is not None:
+        from offload_lab.views.report import report
+
+        with cleaned_up(report_out):
+            _say(f"report {report(run).save(report_out).resolve()}")
     return 0
 
 
@@ -275,14 +303,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from offload_lab.model.flops import resolve_tokens
 
         resolve_tokens(spec, args.tokens)  # a bad resolution fails before any output
+    k = getattr(args, "ranks_per_node", 1)
+    if k > 1:  # the node's host is shared: each rank plans against its 1/k
+        from offload_lab.planning.hostmem import HostMemory, resolve_host
+
+        node = resolve_host(args.host if args.host is not None else SIM_HOST)
+        args.host = HostMemory.from_dict({**node.to_dict(), "shared_by": k, "local_rank": 0})
     p = _make_plan(spec, args, host=SIM_HOST)
     _say(_host_line(p))
     _say(f"plan: {p.summary()}")
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
     run = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
-                   warmup=args.warmup, passes=args.passes)
-    m = analysis.metrics(run)
+                   warmup=args.warmup, passes=args.passes, ranks_per_node=k)
+    if k > 1:
+        from offload_lab.analysis.ranks import slowest_rank_run
+
+        _say(f"node: {k} ranks copying at once; pageable and mapped staging share the host memory bus "
+             f"(an estimate: {'; '.join(run.meta['estimates'])})")
+        run_view = slowest_rank_run(run)
+    else:
+        run_view = run
+    m = analysis.metrics(run_view)
     kind = profile.provenance.get("kind", "estimated")
     _say(f"{run.label}: {fmt_seconds(m['step_s'])} per step (SIMULATED on the {kind} profile "
          f"{profile.name!r}, not measured)")

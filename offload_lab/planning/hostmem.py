@@ -7,7 +7,10 @@ for "a 32 GiB host" is made exactly like a plan for this machine. The reserve ru
   OOM killer enforces, not the machine's free memory;
 * ``reserve`` = max(5 % of available, 2 GiB) — headroom the plan never spends;
 * ``spendable`` = max(0, available − reserve − pinned_bytes), where ``pinned_bytes`` are pins
-  already granted (to other components, or earlier) that ``available`` does not yet reflect.
+  already granted (to other components, or earlier) that ``available`` does not yet reflect;
+* under ``torchrun`` (or an initialised process group) the ranks of one node share its host:
+  ``shared_by`` ranks split the node's headroom (evenly, or by explicit weights) and each rank
+  plans against its own share, so that the pins of all of a node's ranks fit the node.
 
 >>> host = HostMemory(available="64GiB")
 >>> format_bytes(host.reserve), format_bytes(host.spendable)
@@ -33,7 +36,7 @@ from offload_lab.units import format_bytes, parse_size
 __all__ = [
     "RESERVE_FRACTION", "RESERVE_FLOOR", "ROUNDINGS", "HostMemory", "HostMemoryError",
     "resolve_host", "process_memory", "cgroup_memory", "is_file_backed", "file_backed_checker",
-    "rounded_size",
+    "rounded_size", "local_ranks",
 ]
 
 RESERVE_FRACTION = 0.05
@@ -80,9 +83,12 @@ class HostMemory:
     locked_bytes: int = 0
     pinned_bytes: int = 0
     source: str = "hypothetical"
+    shared_by: Any = None
+    local_rank: int | None = None
 
     def __post_init__(self) -> None:
         self.available = _size(self.available, "available")
+        self.shared_by, self.local_rank = _resolve_share(self.shared_by, self.local_rank)
         for name in ("total", "cgroup_limit"):
             value = getattr(self, name)
             if value is not None:
@@ -106,10 +112,44 @@ class HostMemory:
         return max(int(self.available * RESERVE_FRACTION), RESERVE_FLOOR)
 
     @property
-    def headroom(self) -> int:
-        """available − reserve − pinned_bytes, unclamped: negative when the host is already
-        inside its reserve (then no plan fits, and the planner says so)."""
+    def node_headroom(self) -> int:
+        """available − reserve − pinned_bytes of the whole node, before it is shared by ranks."""
         return self.available - self.reserve - self.pinned_bytes
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks share this host (1: a single process)."""
+        return len(self.shared_by)
+
+    @property
+    def share(self) -> float:
+        """This rank's fraction of the node's headroom (1.0 for a single process).
+
+        >>> HostMemory(available="64GiB", shared_by=[3, 1], local_rank=1).share
+        0.25
+        """
+        return self.shared_by[self.local_rank] / sum(self.shared_by)
+
+    @property
+    def headroom(self) -> int:
+        """This rank's share of available − reserve − pinned_bytes, unclamped: negative when the
+        host is already inside its reserve (then no plan fits, and the planner says so).
+
+        >>> node = HostMemory(available="64GiB")
+        >>> HostMemory(available="64GiB", shared_by=4, local_rank=3).headroom == node.headroom // 4
+        True
+        """
+        node = self.node_headroom
+        if node <= 0 or self.ranks == 1:
+            return node
+        # integer arithmetic: the ranks' shares never sum to more than the node's headroom
+        w = [int(round(x * 1_000_000)) for x in self.shared_by]
+        return node * w[self.local_rank] // sum(w)
+
+    @property
+    def node_spendable(self) -> int:
+        """max(0, node headroom): what all the ranks sharing this host can spend together."""
+        return max(0, self.node_headroom)
 
     @property
     def spendable(self) -> int:
@@ -118,11 +158,14 @@ class HostMemory:
 
     # -- measuring -----------------------------------------------------------------------
     @classmethod
-    def probe(cls, pinned_bytes: int | str = 0) -> HostMemory:
+    def probe(cls, pinned_bytes: int | str = 0, shared_by: Any = None,
+              local_rank: int | None = None) -> HostMemory:
         """Measure this machine now (``source="probe"``).
 
         ``pinned_bytes``: pins already granted that are not yet allocated (so ``available``
-        does not reflect them).
+        does not reflect them). ``shared_by`` / ``local_rank``: the ranks sharing this node
+        (default: detected from ``torchrun`` or the process group). Ranks should probe before
+        any of them pins, so that each sees the same node.
 
         >>> host = HostMemory.probe()
         >>> host.source, host.available > 0
@@ -138,7 +181,7 @@ class HostMemory:
         proc = process_memory()
         return cls(
             available=available, total=max(int(vm.total), available), cgroup_limit=limit,
-            pinned_bytes=pinned_bytes, source="probe", **proc,
+            pinned_bytes=pinned_bytes, source="probe", shared_by=shared_by, local_rank=local_rank, **proc,
         )
 
     # -- JSON ----------------------------------------------------------------------------
@@ -148,13 +191,17 @@ class HostMemory:
         >>> HostMemory.from_dict(HostMemory(available="8GiB").to_dict()).available
         8589934592
         """
-        return {
+        out = {
             "available": self.available, "total": self.total, "cgroup_limit": self.cgroup_limit,
             "anon_bytes": self.anon_bytes, "file_bytes": self.file_bytes,
             "shmem_bytes": self.shmem_bytes, "locked_bytes": self.locked_bytes,
             "pinned_bytes": self.pinned_bytes, "source": self.source,
             "reserve": self.reserve, "spendable": self.spendable,
         }
+        if self.ranks > 1:  # a single process's snapshot reads as it always has
+            out.update(shared_by=list(self.shared_by), local_rank=self.local_rank,
+                       node_spendable=self.node_spendable)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostMemory:
@@ -163,11 +210,18 @@ class HostMemory:
                 f"host-memory dict {d!r} has no 'available'; expected the output of HostMemory.to_dict()"
             )
         keys = ("available", "total", "cgroup_limit", "anon_bytes", "file_bytes", "shmem_bytes",
-                "locked_bytes", "pinned_bytes", "source")
-        return cls(**{k: d[k] for k in keys if d.get(k) is not None})
+                "locked_bytes", "pinned_bytes", "source", "shared_by", "local_rank")
+        values = {k: d[k] for k in keys if d.get(k) is not None}
+        # a host saved before ranks were recorded was one process on its own host; never
+        # re-detect ranks from this process's environment when reading a saved snapshot
+        values.setdefault("shared_by", 1)
+        values.setdefault("local_rank", 0)
+        return cls(**values)
 
     def __repr__(self) -> str:
         extra = f", pinned={format_bytes(self.pinned_bytes)}" if self.pinned_bytes else ""
+        if self.ranks > 1:
+            extra += f", rank {self.local_rank} of {self.ranks} sharing the node"
         return (
             f"HostMemory(available={format_bytes(self.available)}, "
             f"reserve={format_bytes(self.reserve)}, spendable={format_bytes(self.spendable)}"
@@ -196,6 +250,58 @@ def resolve_host(host: Any, probe: bool = True) -> HostMemory | None:
     if isinstance(host, (int, float, str)) and not isinstance(host, bool):
         return HostMemory(available=host)
     raise HostMemoryError(f"host {host!r:.60} is not a HostMemory; expected {HOST_ACCEPTED}")
+
+
+# -- ranks sharing one node ------------------------------------------------------------------
+SHARED_BY_ACCEPTED = ("None (the local world size: 1 outside torchrun), a rank count ≥ 1, or one "
+                      "weight > 0 per local rank such as [2, 1, 1]")
+
+
+def local_ranks() -> tuple[int, int]:
+    """``(local rank, local world size)`` of this process: from ``torchrun``'s environment
+    (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), else an initialised default process group (all its
+    ranks taken as one node), else ``(0, 1)``.
+
+    >>> import os
+    >>> local_ranks() if "LOCAL_WORLD_SIZE" not in os.environ else (0, 1)
+    (0, 1)
+    """
+    env = os.environ
+    if env.get("LOCAL_WORLD_SIZE", "").isdigit() and env.get("LOCAL_RANK", "").isdigit():
+        return int(env["LOCAL_RANK"]), max(1, int(env["LOCAL_WORLD_SIZE"]))
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # torch is optional for planning
+        pass
+    return 0, 1
+
+
+def _resolve_share(shared_by: Any, local_rank: Any) -> tuple[list[float], int]:
+    """``(one weight per local rank, this rank)`` from the two ``HostMemory`` fields."""
+    detected_rank, detected_size = local_ranks() if shared_by is None or local_rank is None else (0, 1)
+    if shared_by is None:
+        shared_by = detected_size
+    if isinstance(shared_by, bool) or not isinstance(shared_by, (int, list, tuple)):
+        raise HostMemoryError(f"shared_by {shared_by!r:.60} is not a rank count; expected {SHARED_BY_ACCEPTED}")
+    if isinstance(shared_by, int):
+        if shared_by < 1:
+            raise HostMemoryError(f"shared_by {shared_by} is not a rank count; expected {SHARED_BY_ACCEPTED}")
+        weights = [1.0] * shared_by
+    else:
+        if not shared_by or any(isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0
+                                or w == float("inf") for w in shared_by):
+            raise HostMemoryError(f"shared_by {list(shared_by)!r:.80} is not one weight > 0 per local rank; "
+                                  f"expected {SHARED_BY_ACCEPTED}")
+        weights = [float(w) for w in shared_by]
+    if local_rank is None:
+        local_rank = detected_rank if detected_size == len(weights) else 0
+    if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < len(weights):
+        raise HostMemoryError(f"local_rank {local_rank!r} is not one of the {len(weights)} rank(s) sharing "
+                              f"the host; expected an int in [0, {len(weights) - 1}]")
+    return weights, local_rank
 
 
 # -- /proc and cgroup readers ------------------------------------------------------------------

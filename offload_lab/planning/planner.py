@@ -353,11 +353,14 @@ def _check_forced_pinned(unit: _Unit, budget: int) -> None:
 
 
 def _ledger(host: HostMemory, out: _Outcome) -> dict[str, Any]:
-    return {
+    ledger = {
         "available": host.available, "reserve": host.reserve, "spendable": host.spendable,
         "budget": out.budget, "pinned_bytes": out.pinned, "net_anonymous_bytes": out.net,
         "fits": out.fits, "headroom": out.headroom,
     }
+    if host.ranks > 1:  # this rank's share of a node that several ranks plan against
+        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
+    return ledger
 
 
 def _emit(msgs: list[str]) -> None:

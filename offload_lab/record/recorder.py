@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from offload_lab.planning.hostmem import HostMemory, process_memory
+from offload_lab.record.gather import rank_meta
 from offload_lab.record.run import Run
 
 #: how often one restore action is retried when an interrupt cuts it short
@@ -144,6 +145,8 @@ class Recorder:
             "platform": platform.platform(),
             "model": model,
             "host": HostMemory.probe().to_dict(),
+            # where this process sits in a torch.distributed job (rank 0 of 1 on its own)
+            **rank_meta(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
 

@@ -284,7 +284,13 @@ class Run:
         meta["warmup_dropped"] = int(warmup)
         meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         meta["steps_measured"] = len(bounds)
-        return cls(ev, summarize_layers(ev, plan_layers), summarize_steps(ev, bounds), mem, meta)
+        layers, steps = summarize_layers(ev, plan_layers), summarize_steps(ev, bounds)
+        rank = meta.get("rank")
+        if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+            # one rank's own run of a torch.distributed job: its rows carry its rank
+            ev, layers, steps = ev.assign(rank=rank), layers.assign(rank=rank), steps.assign(rank=rank)
+            mem = pd.DataFrame(mem, columns=MEMORY_COLUMNS).assign(rank=rank)
+        return cls(ev, layers, steps, mem, meta)
 
     # -- views -------------------------------------------------------------------------------
     @property

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 EVENT_COLUMNS = ["run", "step", "call", "group", "layer", "kind", "stream", "tier", "bytes", "start_s",
-                 "end_s", "dur_s"]
+                 "end_s", "dur_s", "rank"]
 LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank",
-                 "copy_s", "compute_s", "stall_s", "gbps"]
+                 "copy_s", "compute_s", "stall_s", "gbps", "rank"]
 STEP_COLUMNS = ["step", "calls", "wall_s", "compute_s", "copy_s", "stall_s", "exposed_copy_s", "overlap",
-                "bytes_moved"]
-MEMORY_COLUMNS = ["t_s", "device_bytes", "pinned_bytes", "anon_bytes", "mapped_bytes"]
+                "bytes_moved", "rank"]
+MEMORY_COLUMNS = ["t_s", "device_bytes", "pinned_bytes", "anon_bytes", "mapped_bytes", "rank"]
 
 #: ``stage``: a host memcpy of a layer into a pinned staging buffer (on the ``host_copy`` stream)
 KINDS = ("copy", "compute", "wait", "host_block", "stage")
@@ -30,23 +30,27 @@ TIERS = ("resident", "pinned", "pageable", "mapped", "staged", "unknown")
 EVENT_DTYPES = {
     "run": "string", "step": "int64", "call": "int64", "group": "string", "layer": "int64", "kind": "string",
     "stream": "string", "tier": "string", "bytes": "int64",
-    "start_s": "float64", "end_s": "float64", "dur_s": "float64",
+    "start_s": "float64", "end_s": "float64", "dur_s": "float64", "rank": "int64",
 }
 LAYER_DTYPES = {
     "group": "string", "layer": "int64", "tier": "string", "bytes": "int64", "mapped_bytes": "int64",
     "streamed": "bool", "pin_rank": "Int64", "copy_s": "float64", "compute_s": "float64",
-    "stall_s": "float64", "gbps": "float64",
+    "stall_s": "float64", "gbps": "float64", "rank": "int64",
 }
 STEP_DTYPES = {
     "step": "int64", "calls": "int64", "wall_s": "float64", "compute_s": "float64", "copy_s": "float64",
     "stall_s": "float64", "exposed_copy_s": "float64", "overlap": "float64", "bytes_moved": "int64",
+    "rank": "int64",
 }
 MEMORY_DTYPES = {"t_s": "float64", "device_bytes": "int64", "pinned_bytes": "int64",
-                 "anon_bytes": "int64", "mapped_bytes": "int64"}
+                 "anon_bytes": "int64", "mapped_bytes": "int64", "rank": "int64"}
 #: columns a producer (or an older saved run) may leave out, and the value they then hold:
 #: ``call`` numbers the forwards of a module within a step (0, 1, … under classifier-free
-#: guidance), ``calls`` counts them; runs saved before calls were recorded made one per step
-DEFAULTS = {"events": {"run": None, "call": 0}, "steps": {"calls": 1}}
+#: guidance), ``calls`` counts them; runs saved before calls were recorded made one per step.
+#: ``rank`` is the ``torch.distributed`` rank that recorded a row: 0 in a single-process run
+#: (and in runs saved before ranks were recorded); a gathered multi-rank run holds them all
+DEFAULTS = {"events": {"run": None, "call": 0, "rank": 0}, "steps": {"calls": 1, "rank": 0},
+            "layers": {"rank": 0}, "memory": {"rank": 0}}
 FRAME_DTYPES = {"events": EVENT_DTYPES, "layers": LAYER_DTYPES, "steps": STEP_DTYPES, "memory": MEMORY_DTYPES}
 
 #: meta entries every view reads, and the JSON types they may have (None: may be null)

@@ -72,7 +72,7 @@ MAX_TOKENS = 100_000_000
 
 def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any, steps: int = 3,
              tokens: int | str | None = None, label: str | None = None, warmup: int = 0,
-             passes: int = 1) -> Run:
+             passes: int = 1, ranks_per_node: int = 1, node: Any = None) -> Run:
     """Simulate ``steps`` steps of ``plan`` on ``device`` and return a simulated :class:`Run`.
 
     ``plan`` is a :class:`~offload_lab.Plan` (it carries its spec) or the plan that
@@ -82,6 +82,10 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     one call of ``fn``; pass ``passes=spec.meta["guidance_passes"]`` for a denoising step with
     classifier-free guidance). ``tokens`` (an int or a resolution such as ``"480p"``) feeds the
     FLOPs compute model; the first ``warmup`` steps are dropped like a measured run's.
+    ``ranks_per_node=k`` predicts each of ``k`` ranks of one node copying at once (pinned
+    copies limited by their own links, pageable and mapped staging by the node's shared memory
+    bus, ``node``: a :class:`~offload_lab.simulation.node.NodeProfile`, default an estimate) and
+    returns them as one multi-rank run (:mod:`offload_lab.simulation.node`).
     The older form ``simulate(spec, plan, profile, ...)`` still works and warns.
 
     >>> import offload_lab
@@ -95,6 +99,12 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     ...
     offload_lab.simulation.errors.SimError: steps = 100000000; accepted: an int in [1, 100000]
     """
+    if isinstance(ranks_per_node, bool) or ranks_per_node != 1 or node is not None:
+        from offload_lab.simulation.node import simulate_node
+
+        spec, plan, profile = _resolve_call(plan, device, legacy)
+        return simulate_node(plan, profile, ranks_per_node, node, steps=steps, tokens=tokens, label=label,
+                             warmup=warmup, passes=passes)
     spec, plan, profile = _resolve_call(plan, device, legacy)
     _check_bounds(spec, steps, passes, warmup, tokens)
     layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens)

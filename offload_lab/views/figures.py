@@ -274,6 +274,11 @@ def _lanes(ev: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     order.append("host")
     present = set(lane)
     order = [n for n in order if n in present] + sorted(present - set(order))
+    ranks = sorted(set(ev["rank"].tolist())) if "rank" in ev.columns else [0]
+    if len(ranks) > 1:  # one band of lanes per rank, rank 0 on top
+        lane = "rank " + ev["rank"].astype(str) + " · " + lane
+        order = [f"rank {r} · {n}" for r in ranks for n in order]
+        order = [n for n in order if n in set(lane)]
     return lane, order
 
 
@@ -308,7 +313,8 @@ def _step_selector(ranges: dict[int, tuple[float, float]], t0: float, t1: float,
 
 
 def timeline(run: Run, step: int | None = None) -> go.Figure:
-    """Per-layer intervals on one lane per stream (and per group where there are several).
+    """Per-layer intervals on one lane per stream (and per group where there are several; per
+    rank, in bands, for a multi-rank run).
 
     Copy and compute bars are coloured by tier; stalls (``wait``) are red, host-blocked intervals
     (pageable/mapped staging) dark and hatched. Hover shows group, layer, tier, bytes, duration and
@@ -323,14 +329,17 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     """
     run = _check_run(run)
     ev = run.events
-    steps_measured = [int(s) for s in run.steps["step"]] if len(run.steps) else sorted(set(ev["step"]))
+    steps_measured = sorted({int(s) for s in run.steps["step"]}) if len(run.steps) else sorted(set(ev["step"]))
+    ranks = sorted(set(run.layers["rank"].tolist()))
+    lay = run.layers[run.layers["rank"] == ranks[0]] if len(ranks) > 1 else run.layers
     if step is not None:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in steps_measured:
             raise VizError(f"step {step!r} was not measured in run {run.label!r}; "
                            f"accepted: one of {steps_measured} or None for all steps")
         ev = ev[ev["step"] == int(step)]
-    sub = (f"{esc(analysis.tier_summary(run.layers))} · median step {fmt_seconds(run.step_time)} · "
-           f"{len(steps_measured)} step(s) · {_device(run)}")
+    sub = (f"{esc(analysis.tier_summary(lay))} · median step {fmt_seconds(run.step_time)} · "
+           f"{len(steps_measured)} step(s)" + (f" · {len(ranks)} ranks" if len(ranks) > 1 else "")
+           + f" · {_device(run)}")
     title = _title(f"Timeline · {_title_label(run)}{_sim_tag(run.simulated)}", sub)
     if not len(ev):
         return _empty(title, f"run {run.label!r} recorded no events", 220)
@@ -383,7 +392,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
                                            scale, step is None)
     return _figure(
-        traces, title, int(min(170 + 44 * len(order), 480)),
+        traces, title, int(min(170 + 44 * len(order), 480 if not order[0].startswith("rank ") else 1200)),
         xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),
         yaxis=dict(type="category", categoryorder="array", categoryarray=order[::-1], showgrid=False),
         barmode="overlay", bargap=0.2, shapes=shapes, updatemenus=menus)
@@ -549,7 +558,7 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     ['pinned (simulated)', 'pageable (simulated)']
     """
     runs = as_runs(runs)
-    cmp = compare(runs)
+    cmp = compare(runs, ranks="max")
     # horizontal bars: long run labels read left of the bars instead of as rotated ticks
     common, names = run_names(runs)
     full = [run_name(r) for r in runs]

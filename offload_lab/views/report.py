@@ -36,10 +36,12 @@ from markupsafe import Markup
 from offload_lab import __version__
 from offload_lab.analysis import summary
 from offload_lab.analysis.comparison import compare
+from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run, split_ranks
 from offload_lab.analysis.summary import as_runs
 from offload_lab.record.run import Run
 from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
+from offload_lab.views import rank_figures
 from offload_lab.views import report_data as rd
 from offload_lab.views.tables import noise_note
 
@@ -100,16 +102,22 @@ class Report:
         self.plan = plan
         self.recommendation, self.confirmation = recommendation, confirmation
         self.title = title or self._default_title()
-        self.comparison = compare(runs) if runs else None
-        self.metrics = [summary.metrics(r) for r in runs]
+        self.comparison = compare(runs, ranks="max") if runs else None
+        # a multi-rank run reads as its node: each step as long as its slowest rank's
+        self.metrics = [summary.metrics(slowest_rank_run(r) if is_multi_rank(r) else r) for r in runs]
         self.figures: dict[str, go.Figure] = {}
         if runs:
             self.figures["step-times"] = viz.step_times(runs)
             self.figures["bandwidth"] = viz.bandwidth(runs)
         for i, r in enumerate(runs):
+            if is_multi_rank(r):  # per-rank summaries beside the rank lanes of the timeline
+                self.figures[f"rank-steps-{i}"] = rank_figures.rank_steps(r)
+                self.figures[f"rank-bandwidth-{i}"] = rank_figures.rank_bandwidth(r)
             self.figures[f"timeline-{i}"] = viz.timeline(r)
-            self.figures[f"memory-{i}"] = viz.memory(r)
-            self.figures[f"tier-map-{i}"] = viz.tier_map(r)
+            # memory samples and placement are per process: a multi-rank run shows its first rank's
+            first = next(iter(split_ranks(r).values())) if is_multi_rank(r) else r
+            self.figures[f"memory-{i}"] = viz.memory(first)
+            self.figures[f"tier-map-{i}"] = viz.tier_map(first)
         if plan is not None:
             self.figures["plan-tier-map"] = viz.tier_map(plan)
         if recommendation is not None and recommendation.best is not None:
@@ -192,6 +200,8 @@ class Report:
         from plotly.offline import get_plotlyjs
 
         runs = rd.run_rows(self.runs, self.comparison, self.metrics) if self.runs else []
+        for row, r in zip(runs, self.runs):
+            row["ranks"] = _rank_rows(r) if is_multi_rank(r) else []
         written = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         return {
             "title": self.title, "runs": runs, "n_sim": sum(r.simulated for r in self.runs),
@@ -260,6 +270,17 @@ def _rec_data(rec: Any, confirmation: Any) -> dict[str, Any]:
     from offload_lab.views.report_recommend import recommendation_data
 
     return recommendation_data(rec, confirmation)
+def _rank_rows(run: Run) -> list[list[str]]:
+    """The per-rank table of a multi-rank run's section, as formatted cells."""
+    from offload_lab.views.text import fmt_seconds
+
+    def gbps(x: float) -> str:
+        return f"{x:.3g} GB/s" if x == x else "—"
+
+    return [[f"rank {int(t.rank)}" + (" · straggler" if t.straggler else ""), str(t.node or "—"),
+             fmt_seconds(t.step_s), fmt_seconds(t.slowest_step_s), fmt_seconds(t.behind_s),
+             gbps(t.copy_gbps), gbps(t.pinned_gbps), gbps(t.pageable_gbps), format_bytes(t.bytes_moved)]
+            for t in rank_table(run).itertuples()]
 
 
 def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = None,

@@ -67,7 +67,7 @@ def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
     >>> df["backend"][0]
     'sim (simulated)'
     """
-    df = compare(runs)
+    df = compare(runs, ranks="max")
     return pd.DataFrame({
         "run": df["label"].astype(str),
         "backend": [f"{b} (simulated)" if s else str(b) for b, s in zip(df["backend"], df["simulated"])],

@@ -123,13 +123,46 @@ def _import_file(path: Path, label: str | None, layer_pattern: Any, source: str 
     return _build(col, reader, source, label, patterns, default)
 
 
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def _import_dir(path: Path, label: str | None, layer_pattern: Any) -> Run:
+    """One multi-rank Run from a directory of per-rank traces (rank from ``distributedInfo``)."""
+    from offload_lab.record.gather import merge_ranks
+
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    if not files:
+        raise TraceImportError(f"directory {str(path)!r} holds no trace files; expected one "
+                               f"{' or '.join(TRACE_SUFFIXES)} file per rank")
+    runs, ranks = [], []
+    for f in files:
+        run = _import_file(f, None, layer_pattern)
+        info = (run.meta.get("trace") or {}).get("distributedInfo")
+        rank = info.get("rank") if isinstance(info, dict) else None
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise TraceFormatError(f"{f.name}: no rank in its distributedInfo ({info!r:.80}); a directory "
+                                   f"import needs traces recorded under torch.distributed, one per rank")
+        if rank in ranks:
+            raise TraceFormatError(f"{f.name}: rank {rank} is also the rank of "
+                                   f"{files[ranks.index(rank)].name}; expected one trace per rank")
+        run.meta.update(rank=rank, world_size=info.get("world_size"), source=f.name)
+        runs.append(run)
+        ranks.append(rank)
+    # Kineto timestamps of one node share a clock: put every rank on the earliest rank's origin
+    origins = [float(r.meta.get("time_origin_us") or 0.0) for r in runs]
+    offsets = [(o - min(origins)) / 1e6 for o in origins]
+    return merge_ranks(runs, ranks, label=label or f"{path.name} · {len(runs)} ranks", offsets_s=offsets)
+
+
 def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str | None = None,
                         layer_pattern: str | re.Pattern | Sequence[str | re.Pattern] | None = None) -> Run:
     """A :class:`Run` (backend ``trace``) from a Kineto chrome trace or a finished profiler.
 
     ``trace_or_profiler`` is a path to a ``.json`` / ``.json.gz`` trace (gzip is detected by
-    content) or a ``torch.profiler.profile`` whose ``with`` block has ended (it is exported to a
-    temporary file and read back). ``layer_pattern`` (regex, or a list tried in order) maps
+    content), a directory of per-rank traces of one ``torch.distributed`` job (one file per
+    rank, the rank read from each trace's ``distributedInfo``; they become one multi-rank Run
+    with a ``rank`` column, times on the earliest rank's origin), or a ``torch.profiler.profile``
+    whose ``with`` block has ended (it is exported to a temporary file and read back). ``layer_pattern`` (regex, or a list tried in order) maps
     annotation names to layers through named groups ``layer`` and optionally ``group``; the
     default finds ``<group>.<idx>`` in ``record_function`` labels and falls back to
     ``nn.Module: <Class>_<idx>`` spans. The module docstring lists every mapping rule.
@@ -151,6 +184,8 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
     """
     if isinstance(trace_or_profiler, (str, os.PathLike)):
         path = Path(trace_or_profiler)
+        if path.is_dir():
+            return _import_dir(path, label, layer_pattern)
         if not path.is_file():
             raise FileNotFoundError(f"trace {str(path)!r} does not exist (or is not a file)")
         return _import_file(path, label, layer_pattern)

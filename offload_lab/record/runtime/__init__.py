@@ -53,12 +53,16 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
 
 def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3, warmup: int = 1,
             backend: str = "auto", device: torch.device | str | None = None, init: str = "grouped",
-            label: str | None = None, progress: Callable[[int, int], None] | None = None) -> Run:
+            label: str | None = None, progress: Callable[[int, int], None] | None = None,
+            gather: bool = False) -> Run | None:
     """Call ``fn()`` once per step under the plan and return the measured :class:`Run`.
 
     The first ``warmup`` steps are run but dropped from the frames (``meta['warmup_dropped']``).
     The model is restored on return, on error and on Ctrl-C. ``progress(done, total)`` is
-    called after each step.
+    called after each step. ``gather=True`` (under ``torch.distributed``: every rank calls it)
+    returns all ranks' runs as one multi-rank Run on rank 0 and ``None`` on the others
+    (:func:`offload_lab.gather`); when one rank raises, it tells the others, which raise
+    :class:`~offload_lab.record.gather.GatherError` naming it.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
@@ -75,6 +79,22 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
         raise OffloadError(f"warmup {warmup!r} must be an integer ≥ 0")
     if not callable(fn):
         raise OffloadError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
+    if not isinstance(gather, bool):
+        raise OffloadError(f"gather {gather!r} must be True or False")
+    if not gather:
+        return _profile(model, fn, plan, steps, warmup, backend, device, init, label, progress)
+    from offload_lab.record.gather import gather as _gather
+
+    try:
+        run = _profile(model, fn, plan, steps, warmup, backend, device, init, label, progress)
+    except BaseException as e:
+        _gather(None, failed=e)  # tell the other ranks before raising here
+        raise
+    return _gather(run)
+
+
+def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, warmup: int, backend: str,
+             device: Any, init: str, label: str | None, progress: Callable[[int, int], None] | None) -> Run:
     total = steps + warmup
     with offload(model, plan, backend=backend, device=device, init=init, label=label) as m:
         with torch.no_grad():
