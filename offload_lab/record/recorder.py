@@ -239,6 +239,7 @@ class Recorder:
             self._call_depth[root] = depth + 1
             if depth:
                 return
+            self._call_starting(root)
             explicit = self._step
             if explicit is None:
                 self._before_step()
@@ -266,6 +267,9 @@ class Recorder:
                 c.end = c.start
 
         return pre, post
+
+    def _call_starting(self, root: str) -> None:
+        """Called as a top-level call of ``root`` starts, before it is recorded."""
 
     def _stamp(self) -> tuple[int | None, int | None]:
         """What an event recorded now belongs to: (explicit step or None, call id or None)."""
