@@ -45,9 +45,11 @@ def tiny_wan_pipeline(layers: int = 6, seed: int = 0) -> Any:
 
 
 def tiny_wan_call(steps: int = 3, guidance: float = 5.0, height: int = 16, width: int = 16,
-                  frames: int = 5, seed: int = 0, text_dim: int = TEXT_DIM) -> dict[str, Any]:
+                  frames: int = 5, seed: int = 0, text_dim: int = TEXT_DIM,
+                  device: Any = "cpu") -> dict[str, Any]:
     """Keyword arguments for one deterministic call of a Wan pipeline without a text encoder:
-    random prompt embeddings (seeded), a seeded generator, tensors out (``output_type="pt"``).
+    random prompt embeddings (seeded, drawn on the CPU and put on ``device``), a seeded CPU
+    generator (diffusers draws the latents with it and moves them), tensors out.
 
     >>> sorted(tiny_wan_call(steps=2))[:3]
     ['generator', 'guidance_scale', 'height']
@@ -55,8 +57,8 @@ def tiny_wan_call(steps: int = 3, guidance: float = 5.0, height: int = 16, width
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    pe = torch.randn(1, 12, text_dim, generator=g)
-    ne = torch.randn(1, 12, text_dim, generator=g)
+    pe = torch.randn(1, 12, text_dim, generator=g).to(device)
+    ne = torch.randn(1, 12, text_dim, generator=g).to(device)
     return dict(prompt_embeds=pe, negative_prompt_embeds=ne, height=height, width=width,
                 num_frames=frames, num_inference_steps=steps, guidance_scale=guidance,
                 output_type="pt", generator=torch.Generator().manual_seed(seed))
