@@ -164,3 +164,13 @@ def test_old_runs_without_call_columns_load(tmp_path):
     old.save(path)
     back = offload_lab.Run.load(path)
     assert back.events["call"].eq(0).all() and back.steps["calls"].eq(1).all()
+
+
+def test_no_scheduler_asked_one_step_per_call(pipe, reference):
+    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier="pinned")
+    with offload_lab.offload(pipe.transformer, plan, backend="cpu", scheduler=None) as m:
+        out = pipe(**tiny_wan_call(steps=STEPS)).frames
+    run = m.build_run()
+    assert torch.equal(out, reference)
+    assert run.meta["steps_from"] == "calls" and len(run.steps) == 2 * STEPS
+    assert "step" not in vars(pipe.scheduler)

@@ -573,6 +573,9 @@ def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "a
     ``backend`` picks the clock (``"cuda"``: timing events on the current stream; ``"cpu"``:
     ``perf_counter``; ``"auto"``: cuda when a GPU is there); ``label`` names the observed system
     (``meta["observed_system"]``, and the run's label). The Run has ``backend == "observe"``.
+    Every top-level call of ``model`` is recorded; without :meth:`Observer.step` markers the
+    steps come from ``scheduler``'s ``step`` (``"auto"``: the scheduler of the diffusers pipeline
+    that holds ``model``; ``None``: none), else one per call (``meta["steps_from"]``).
     See the module documentation for what is attributed how.
 
     >>> import torch, offload_lab

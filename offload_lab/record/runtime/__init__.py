@@ -26,12 +26,14 @@ __all__ = ["OffloadManager", "OffloadError", "offload", "profile", "BACKENDS", "
 @contextlib.contextmanager
 def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
             init: str = "grouped", label: str | None = None,
-            record_memory: bool = True) -> Iterator[OffloadManager]:
+            record_memory: bool = True, scheduler: Any = "auto") -> Iterator[OffloadManager]:
     """Run ``model`` under ``plan`` inside the block; leaving it restores the model exactly.
 
     ``model`` may be a diffusers pipeline with a :class:`~offload_lab.planning.pipeline.PipelinePlan`
     (one plan per component, one Run holding them all). Without ``m.step()`` markers, steps are
-    found from the pipeline's ``scheduler.step`` or one per call (``run.meta["steps_from"]``).
+    found from the pipeline's ``scheduler.step`` or one per call (``run.meta["steps_from"]``);
+    ``scheduler`` names the object whose ``step`` closes a step (``"auto"``: the scheduler of the
+    diffusers pipeline that holds ``model``; ``None``: none).
     ``backend="auto"`` picks ``cuda`` when a GPU is there, else ``cpu``. ``init`` is the group
     initialisation strategy (``"grouped"``: all groups offloaded, then non-layer weights moved
     once; ``"naive"``: each group offloaded then the whole model moved, in declared order).
@@ -49,7 +51,7 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
     True
     """
     manager = _manager(model, plan, backend=backend, device=device, init=init, label=label,
-                       record_memory=record_memory)
+                       record_memory=record_memory, scheduler=scheduler)
     with manager:
         yield manager
 

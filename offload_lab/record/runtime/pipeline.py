@@ -61,7 +61,8 @@ class PipelineManager(OffloadManager):
         self.pipe = pipe
         self._units = {n: _entries(comps[n]) for n in units}
         self._components = comps
-        kwargs.setdefault("scheduler", pipe)
+        if kwargs.get("scheduler", "auto") == "auto":
+            kwargs["scheduler"] = pipe
         super().__init__(PipelineModules(comps, units), plan, **kwargs)
 
     def _start(self) -> None:
