@@ -26,6 +26,7 @@ __version__ = "0.2.0"
 _EXPORTS = {
     "ModelSpec": "model.spec", "GroupSpec": "model.spec", "LayerSpec": "model.spec",
     "TensorSpec": "model.spec", "spec_of": "model.spec", "SpecError": "model.spec",
+    "PipelineSpec": "model.pipeline", "PipelinePlan": "planning.pipeline",
     "parse_size": "units", "format_bytes": "units",
     "HostMemory": "planning.hostmem", "is_file_backed": "planning.hostmem",
     "Plan": "planning.planner", "plan": "planning.planner", "plan_pipeline": "planning.pipeline",

@@ -60,6 +60,9 @@ def test_core_stays_without_notebook_tools() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert {"notebook", "diffusers", "docs", "dev"} <= set(extras)
     assert any(r.startswith("offload-lab[") and "notebook" in r and "docs" in r for r in extras["dev"])
+    # the pipeline tests need diffusers, transformers and accelerate: the test command gets them
+    assert any(r.startswith("offload-lab[") and "diffusers" in r for r in extras["dev"])
+    assert {"diffusers", "transformers", "accelerate"} <= {r.split(">")[0] for r in extras["diffusers"]}
 
 
 def _tree(root: Path, files: dict[str, bytes]) -> None:

@@ -237,10 +237,11 @@ def _command(sub: argparse._SubParsersAction, fmt: type, name: str, help: str,
 
 def _model_command(sub: argparse._SubParsersAction, fmt: type, name: str, help: str,
                    description: str, model_help: str = _MODEL_HELP,
-                   host_help: str = "default: probe this machine") -> argparse.ArgumentParser:
+                   host_help: str = "default: probe this machine",
+                   model_optional: bool = False) -> argparse.ArgumentParser:
     """A subcommand of a MODEL with the plan options."""
     p = _command(sub, fmt, name, help, description)
-    p.add_argument("model", metavar="MODEL", help=model_help)
+    p.add_argument("model", metavar="MODEL", help=model_help, nargs="?" if model_optional else None)
     add_plan_arguments(p, host_help=host_help)
     return p
 
@@ -268,9 +269,11 @@ def _add_plan(sub: argparse._SubParsersAction, fmt: type) -> None:
 
 
 def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
-    p = _model_command(sub, fmt, "profile", "measure a synthetic model under a plan",
-                       "Run a synthetic model of MODEL under a plan and save the measured Run.",
-                       model_help="catalog name, spec JSON, or a synthetic checkpoint")
+    p = _model_command(sub, fmt, "profile", "measure a synthetic model (or a diffusers pipeline) under a plan",
+                       "Run a synthetic model of MODEL under a plan and save the measured Run;\n"
+                       "or, with --pipeline DIR, a local diffusers pipeline, one plan per component.",
+                       model_help="catalog name, spec JSON, or a synthetic checkpoint (not with --pipeline)",
+                       model_optional=True)
     add_run_arguments(p)
     _threads(p)
     p.add_argument("--scale", type=_scale_type, metavar="S", help="width scale in (0, 1] (default: chosen)")
@@ -283,6 +286,16 @@ def _add_profile(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--label", help="run label (default: from the tiers)")
     p.add_argument("--report", metavar="PATH",
                    help="also write an HTML report of the run (under torchrun: rank 0 writes both)")
+    g = p.add_argument_group("pipeline options (with --pipeline)")
+    g.add_argument("--pipeline", metavar="DIR",
+                   help="a diffusers-format directory (model_index.json, component folders); -n is its "
+                        "denoising steps, --warmup its warm-up requests")
+    for flag, what, dflt in (("--height", "frame height in pixels", 64), ("--width", "frame width in pixels", 64),
+                             ("--frames", "frames of video", 5)):
+        g.add_argument(flag, type=_count(flag[2:], 1, 4096), default=dflt, metavar="N",
+                       help=f"{what} (default {dflt})")
+    g.add_argument("--guidance", type=float, default=5.0, metavar="G",
+                   help="guidance scale; above 1 the denoiser runs twice per step (default 5.0)")
     _output(p, "where to save the run", required=True, metavar="RUN.zip")
 
 

@@ -217,6 +217,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     saved ...tiny.zip
     0
     """
+    if getattr(args, "pipeline", None) is not None:
+        from offload_lab.cli.pipeline import profile_pipeline
+
+        return profile_pipeline(args)
+    if args.model is None:
+        raise CliError("profile needs MODEL (a catalog name, spec JSON or synthetic checkpoint) or --pipeline DIR")
     from offload_lab.cli import distributed
 
     out = check_output(args.out, args.force, inputs=[args.model], suffix=".zip")

@@ -300,7 +300,8 @@ class ModelSpec:
         """Spec of a checkpoint from its headers only: a file, a directory, or a sharded index.
 
         Every tensor is a checkpoint view (``mapped``) since it can be served from the file's
-        pages. The headers are validated in full (:mod:`offload_lab.model.checkpoints`); a bad
+        pages. A diffusers-format pipeline directory (``model_index.json`` and one folder per
+        component) gives a :class:`~offload_lab.model.pipeline.PipelineSpec` instead. The headers are validated in full (:mod:`offload_lab.model.checkpoints`); a bad
         one raises a one-line :class:`SpecError` naming the file and the tensor.
 
         >>> ModelSpec.from_safetensors("/nonexistent/model.safetensors")
@@ -309,8 +310,11 @@ class ModelSpec:
         offload_lab.model.spec.SpecError: no such safetensors file or directory: '/nonexistent/model.safetensors'
         """
         from offload_lab.model.checkpoints import read_checkpoint, spec_from_headers
+        from offload_lab.model.pipeline import is_pipeline_dir, pipeline_spec_from_dir
 
         p = Path(path)
+        if is_pipeline_dir(p):  # a diffusers-format pipeline: one spec per component
+            return pipeline_spec_from_dir(p)  # type: ignore[return-value]
         return spec_from_headers(read_checkpoint(p), name or p.name.split(".")[0], groups)
 
 
@@ -463,6 +467,10 @@ def _groups_of(module, groups: list[str] | str | None, mname: str) -> list[str]:
 def spec_of(module, groups: list[str] | None = None, name: str | None = None) -> ModelSpec:
     """Spec of a live ``nn.Module``: its layer groups, per-layer bytes and non-layer bytes.
 
+    A diffusers pipeline (or the path of a diffusers-format pipeline directory) gives a
+    :class:`~offload_lab.model.pipeline.PipelineSpec`: one spec per torch component, each with
+    its uses per request (see :mod:`offload_lab.model.pipeline`).
+
     Groups are the ones named, else those the module declares in ``offload_layer_groups``
     (dotted names in order; empty ones skipped), else auto-detected (every outermost
     ``nn.ModuleList`` of ≥ 2 same-class blocks). A module carrying ``offload_spec_meta`` (the
@@ -482,10 +490,16 @@ def spec_of(module, groups: list[str] | None = None, name: str | None = None) ->
 
     from torch import nn
 
+    from offload_lab.model import pipeline as _pl
     from offload_lab.planning.hostmem import file_backed_checker
 
+    if _pl.is_pipeline(module):
+        return _pl.pipeline_spec_of(module)  # type: ignore[return-value]
+    if isinstance(module, (str, os.PathLike)) and _pl.is_pipeline_dir(module):
+        return _pl.pipeline_spec_from_dir(module)  # type: ignore[return-value]
     if not isinstance(module, nn.Module):
-        raise SpecError(f"spec_of expects a torch.nn.Module, got {type(module).__name__}")
+        raise SpecError(f"spec_of expects a torch.nn.Module, a diffusers pipeline or a pipeline "
+                        f"directory, got {type(module).__name__}")
     meta = getattr(module, "offload_spec_meta", None)
     meta = copy.deepcopy(meta) if isinstance(meta, dict) else {}
     mname = name or meta.get("spec_name") or type(module).__name__

@@ -300,7 +300,8 @@ class OffloadMagics(Magics):
     @argument("-o", dest="return_runs", action="store_true",
               help="return the Run (a list of Runs with --tiers)")
     @argument("-q", dest="quiet", action="store_true", help="display nothing")
-    @argument("model", metavar="MODEL", help="expression naming the torch.nn.Module to offload")
+    @argument("model", metavar="MODEL",
+              help="expression naming the torch.nn.Module (or diffusers pipeline) to offload")
     @argument("statement", metavar="STATEMENT", nargs="*",
               help="code run once per step (line magic); the cell body in the cell magic")
     @no_var_expand  # the statement is Python: IPython must not expand {x} or $x inside it
@@ -316,8 +317,13 @@ class OffloadMagics(Magics):
         offload. Displays a summary table and the timeline; -o returns the Run(s); -h shows
         this help.
 
+        MODEL may be a diffusers pipeline: the statement is then one request (``pipe(**kw)``),
+        run --warmup + --steps times; one plan per component, steps found from the pipeline's
+        scheduler, calls within a step (classifier-free guidance) shown.
+
         Examples:
           %offload_profile -n 3 model model(**inputs)
+          %offload_profile --tier pinned -n 1 pipe pipe(**kw)
           %offload_profile --tiers pinned,pageable -b 8GiB model model(**inputs)
           %%offload_profile -p 2 --resident 4 model
           out = model(**inputs)
@@ -366,9 +372,12 @@ class OffloadMagics(Magics):
         except Exception as e:
             raise MagicArgumentError(f"MODEL {expr!r} could not be evaluated in the notebook "
                                      f"namespace: {type(e).__name__}: {e}") from None
-        if not isinstance(model, nn.Module):
+        from offload_lab.model.pipeline import is_pipeline
+
+        if not isinstance(model, nn.Module) and not is_pipeline(model):
             raise MagicArgumentError(f"MODEL {expr!r} is a {type(model).__name__}; expected a "
-                                     f"torch.nn.Module whose blocks sit in nn.ModuleLists")
+                                     f"torch.nn.Module whose blocks sit in nn.ModuleLists, or a "
+                                     f"diffusers pipeline")
         return model
 
     def _compile(self, source: str) -> tuple[types.CodeType, str]:
@@ -393,8 +402,21 @@ class OffloadMagics(Magics):
                 raise
             raise MagicArgumentError(str(e)) from None
 
+    def _pipeline_plan(self, pipe: Any, args: Any, tier: str | None) -> Any:
+        """One plan per component of a pipeline, ranked by uses per request."""
+        from offload_lab.model.spec import spec_of
+        from offload_lab.planning.pipeline import plan_pipeline
+
+        try:
+            return plan_pipeline(spec_of(pipe), pin_budget=args.pin_budget, tier=tier, prefetch=args.prefetch)
+        except ValueError as e:
+            if isinstance(e, UsageError):
+                raise
+            raise MagicArgumentError(str(e)) from None
+
     def _profile_all(self, args: Any, model_expr: str, source: str) -> tuple[list[Run], Plan]:
         __tracebackhide__ = True
+        from offload_lab.model.pipeline import is_pipeline
         from offload_lab.record.runtime import profile
 
         tiers = args.tiers or []
@@ -402,8 +424,12 @@ class OffloadMagics(Magics):
             raise MagicArgumentError(f"--tier {args.tier} and --tiers (--compare) {','.join(tiers)} "
                                      f"both force tiers; accepted: one of them")
         model = self._model(model_expr)
-        spec = spec_for_model(model)
-        plans = [(t, self._plan(spec, args, t)) for t in (tiers or [args.tier])]
+        if is_pipeline(model):
+            # a pipeline call is one request: -n requests, steps from the pipeline's scheduler
+            plans = [(t, self._pipeline_plan(model, args, t)) for t in (tiers or [args.tier])]
+        else:
+            spec = spec_for_model(model)
+            plans = [(t, self._plan(spec, args, t)) for t in (tiers or [args.tier])]
         code, filename = self._compile(source)
         user_ns = self.shell.user_ns
 
@@ -420,7 +446,8 @@ class OffloadMagics(Magics):
             try:
                 runs.append(profile(model, step, p, steps=args.steps, warmup=args.warmup,
                                     backend=args.backend, init=args.init, label=label,
-                                    progress=lambda k, n, done=done: done.__setitem__(0, k)))
+                                    progress=lambda k, n, done=done: done.__setitem__(0, k),
+                                    requests=args.steps))
             except KeyboardInterrupt as e:
                 which = f" ({tier} run)" if tier else ""
                 # runs finished before this one are dropped too: nothing is returned or shown
@@ -436,7 +463,8 @@ class OffloadMagics(Magics):
                         raise MagicArgumentError(f"{type(e).__name__}: {e}") from None
                     raise
                 self._reraise_as_user_error(e)
-        return runs, plans[0][1]
+        first = plans[0][1]
+        return runs, (first.merged() if hasattr(first, "merged") else first)
 
     def _reraise_as_user_error(self, e: BaseException) -> None:
         """Re-raise the statement's exception with a traceback of the user's frames only."""

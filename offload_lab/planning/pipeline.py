@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.model.pipeline import PipelineSpec
 from offload_lab.model.spec import ModelSpec
 from offload_lab.planning.errors import PlanError
 from offload_lab.planning.grants import _build_unit, _solve
@@ -87,6 +88,32 @@ class PipelinePlan:
             raise PlanError(f"component {name!r} is not in this pipeline: {list(self.components)}")
         return self.components[name]
 
+    def merged(self) -> Plan:
+        """One plan over every component (groups prefixed by component), for one manager.
+
+        Layers, ranks and reasons are the components' own; the ledger is the pipeline's; prefetch
+        is the largest any component asked for.
+
+        >>> from offload_lab import catalog
+        >>> from offload_lab.model.pipeline import component_from_tensors
+        >>> spec = catalog.load("wan2.1-t2v-1.3b")
+        >>> c = component_from_tensors("transformer", spec.tensors())
+        >>> pp = plan_pipeline([Component("transformer", c.spec, uses=4)], host=HostMemory(available="64GiB"))
+        >>> pp.merged().spec.group_names
+        ['transformer.blocks']
+        """
+        plans = list(self.components.values())
+        first = plans[0]
+        spec = ModelSpec("+".join(self.components), [g for p in plans for g in p.spec.groups],
+                         [t for p in plans for t in p.spec.non_layer],
+                         {"components": {n: p.spec.group_names for n, p in self.components.items()}})
+        layers = pd.concat([p.layers for p in plans], ignore_index=True)
+        params = {**first.params, "components": {n: _plain(p.params) for n, p in self.components.items()},
+                  "prefetch": max(int(p.prefetch) for p in plans)}
+        return Plan(spec, layers, dict(self.ledger), [g for p in plans for g in p.init_order],
+                    max(int(p.prefetch) for p in plans), params, list(self.warnings), self.host,
+                    [g for p in plans for g in p.grant_order])
+
     def table(self) -> pd.DataFrame:
         """All components' layers, sizes formatted, with a ``component`` column first."""
         frames = [p.table().assign(component=n) for n, p in self.components.items()]
@@ -126,9 +153,9 @@ _RANK_COLUMNS = ["rank", "component", "uses", "bytes", "score", "reason"]
 
 
 def plan_pipeline(
-    components: Sequence[Component], host: HostMemory | dict | str | int | None = None,
-    pin_budget: int | str | None = None, device_memory: int | str | None = None,
-    tokens: int | str | None = None,
+    components: Sequence[Component] | PipelineSpec, host: HostMemory | dict | str | int | None = None,
+    pin_budget: int | str | None = None, tier: str | None = None, prefetch: int = 1,
+    device_memory: int | str | None = None, tokens: int | str | None = None,
 ) -> PipelinePlan:
     """Plan several components against one host and one pin budget.
 
@@ -146,6 +173,9 @@ def plan_pipeline(
     Σ (non-layer + resident) + the largest (in flight + activations) of any component.
     ``tokens`` sizes the activations of the components whose spec knows that resolution (the
     others get their own default). With ``device_memory`` a pipeline that does not fit says so.
+    ``components`` may be a :class:`~offload_lab.model.pipeline.PipelineSpec` (``spec_of(pipe)``):
+    each of its components is planned with its uses per request, and ``tier`` / ``prefetch``
+    apply to each (a forced ``mapped`` tier only where the component's weights are file views).
 
     >>> from offload_lab import catalog
     >>> pp = plan_pipeline([Component("enc", catalog.load("wan2.1-t2v-1.3b"), uses=1),
@@ -154,7 +184,12 @@ def plan_pipeline(
     >>> list(pp.components), pp["dit"].tier_counts["pinned"], pp["enc"].tier_counts["pinned"]
     (['dit', 'enc'], 40, 21)
     """
-    comps = list(components)
+    if isinstance(components, PipelineSpec):
+        comps = [Component(n, c.spec, uses=components.uses(n), prefetch=prefetch,
+                           tier=tier if tier != "mapped" or c.spec.mapped_bytes else None)
+                 for n, c in components.components.items()]
+    else:
+        comps = list(components)
     if not comps:
         raise PlanError("components is empty; expected at least one Component(name, spec, uses)")
     for c in comps:

@@ -146,7 +146,8 @@ class Observer(Recorder):
     _context = "observe(...)"
 
     def __init__(self, model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
-                 label: str | None = None, device: torch.device | str | None = None):
+                 label: str | None = None, device: torch.device | str | None = None,
+                 scheduler: Any = "auto"):
         if not isinstance(model, nn.Module):
             raise ObserveError(f"observe expects a torch.nn.Module, got {type(model).__name__}")
         if label is not None and not isinstance(label, str):
@@ -155,6 +156,7 @@ class Observer(Recorder):
         backend, device = resolve_device(backend, device, BACKENDS, ObserveError)
         super().__init__()
         self.model, self.device, self.clock, self.label = model, device, backend, label
+        self._scheduler_target = scheduler
         self._layers = self._find_layers(model, groups)
         self._by_group: dict[str, list[WatchedLayer]] = {}
         for lay in self._layers:
@@ -405,7 +407,7 @@ class Observer(Recorder):
     def _make_hooks(self, lay: WatchedLayer):
         def p0(module, args):
             probe, _, _ = self._probe(lay, None)
-            use = LayerUse(self._current_step(), probe)
+            use = LayerUse(self._stamp(), probe)
             lay.open.append(use)
 
         def p1(module, args):
@@ -511,11 +513,15 @@ class Observer(Recorder):
         for lay in self._layers:
             lay.tier_bytes, lay.max_mapped = {}, 0
         events: list[dict] = []
-        kept = {b["step"] for b in self._bounds[warmup:]}
+        kept = self._kept_steps
         for lay, use in self._uses:
+            where = self._locate(use.step)
+            if where is None:  # a block run by hand outside any call or step
+                continue
             entry = use.pc if (use.copied_in_forward and use.pc is not None) else use.p1
             start, end = r(entry.exit), r(use.end)
-            base = {"run": self._meta["run"], "step": use.step, "group": lay.group, "layer": lay.index}
+            base = {"run": self._meta["run"], "step": where[0], "call": where[1], "group": lay.group,
+                    "layer": lay.index}
             mapped = 0
             for c in use.copies:
                 events.append({**base, "kind": "copy", "stream": "copy", "tier": c["tier"],
@@ -524,7 +530,7 @@ class Observer(Recorder):
                     events.append({**base, "kind": "host_block", "stream": "host", "tier": c["tier"],
                                    "bytes": c["bytes"], "start_s": c["host"][0], "end_s": c["host"][1]})
                 # placement is judged on the steps the run keeps (no warm-up first copies)
-                if use.step in kept or not kept:
+                if where[0] in kept or not kept:
                     lay.tier_bytes[c["tier"]] = lay.tier_bytes.get(c["tier"], 0) + c["bytes"]
                     mapped += c["bytes"] if c["tier"] == "mapped" else 0
             lay.max_mapped = max(lay.max_mapped, mapped)
@@ -559,13 +565,17 @@ class Observer(Recorder):
 
 
 def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "auto",
-            label: str | None = None, device: torch.device | str | None = None) -> Observer:
+            label: str | None = None, device: torch.device | str | None = None,
+            scheduler: Any = "auto") -> Observer:
     """Watch ``model`` as another system offloads it; a context manager yielding an :class:`Observer`.
 
     ``groups`` names the block lists (default: auto-detected, as :func:`offload_lab.spec_of`);
     ``backend`` picks the clock (``"cuda"``: timing events on the current stream; ``"cpu"``:
     ``perf_counter``; ``"auto"``: cuda when a GPU is there); ``label`` names the observed system
     (``meta["observed_system"]``, and the run's label). The Run has ``backend == "observe"``.
+    Every top-level call of ``model`` is recorded; without :meth:`Observer.step` markers the
+    steps come from ``scheduler``'s ``step`` (``"auto"``: the scheduler of the diffusers pipeline
+    that holds ``model``; ``None``: none), else one per call (``meta["steps_from"]``).
     See the module documentation for what is attributed how.
 
     >>> import torch, offload_lab
@@ -577,5 +587,5 @@ def observe(model: nn.Module, groups: list[str] | None = None, backend: str = "a
     >>> obs.run.label, obs.run.simulated
     ('my engine', False)
     """
-    return Observer(model, groups=groups, backend=backend, label=label, device=device)
+    return Observer(model, groups=groups, backend=backend, label=label, device=device, scheduler=scheduler)
 

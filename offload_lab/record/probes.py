@@ -22,7 +22,7 @@ class Probe:
 class LayerUse:
     """One forward of one layer."""
 
-    step: int
+    step: Any  # where it ran: (explicit step or None, call id or None), resolved at build
     p0: Probe
     p1: Probe | None = None
     pc: Probe | None = None

@@ -23,6 +23,7 @@ import torch
 from offload_lab.planning.hostmem import HostMemory, process_memory
 from offload_lab.record.gather import rank_meta
 from offload_lab.record.run import Run
+from offload_lab.record.steps import Call, SchedulerWrap, group_calls, scheduler_of
 
 #: how often one restore action is retried when an interrupt cuts it short
 RESTORE_ATTEMPTS = 3
@@ -130,6 +131,17 @@ class Recorder:
         self._entered = False
         self._meta: dict[str, Any] = {}
         self._last_sample = float("-inf")
+        # top-level calls of the recorded modules, and the scheduler steps seen between them
+        self._calls: list[Call] = []
+        self._ticks: list[Any] = []
+        self._open_call: dict[str, Call] = {}
+        self._call_depth: dict[str, int] = {}
+        self._call_hooks: list = []
+        self._sched_wrap: SchedulerWrap | None = None
+        self._where: dict[int, tuple[int, int]] = {}
+        self._explicit_at: dict[int, int] = {}
+        #: ``"auto"``: the scheduler of the pipeline the model belongs to; None: none; or an object
+        self._scheduler_target: Any = "auto"
 
     # -- meta ------------------------------------------------------------------------------------
     def _base_meta(self, backend: str, device: torch.device, model: str) -> dict[str, Any]:
@@ -163,6 +175,7 @@ class Recorder:
         self._entered = True
         try:
             self._start()
+            self._watch_calls()
         except BaseException:
             self._restore()
             raise
@@ -182,7 +195,7 @@ class Recorder:
         interrupt cuts it short), so Ctrl-C can never leave a model half restored.
         """
         with interrupts_held() as held:
-            errors = run_all(self._restore_actions())
+            errors = run_all([self._unwatch_calls, *self._restore_actions()])
         fatal = [e for e in errors if not isinstance(e, Exception)]
         if fatal:
             raise fatal[0]
@@ -190,6 +203,108 @@ class Recorder:
             raise KeyboardInterrupt
         if errors:
             raise RuntimeError(f"restoring the model hit {len(errors)} error(s): {errors[0]!r}") from errors[0]
+
+    # -- calls -----------------------------------------------------------------------------------
+    def _call_roots(self) -> dict[str, list[Any]]:
+        """The modules whose top-level forwards are calls, by name (a subclass may name several)."""
+        return {"": [self.model]}  # type: ignore[attr-defined]
+
+    def _watch_calls(self) -> None:
+        """Hook the call roots and wrap the scheduler's ``step`` (both undone on restore)."""
+        for root, mods in self._call_roots().items():
+            self._call_depth[root] = 0
+            pre, post = self._make_call_hooks(root)
+            for m in mods:
+                self._call_hooks.append(m.register_forward_pre_hook(pre, prepend=True))
+                self._call_hooks.append(m.register_forward_hook(post, always_call=True))
+        target = self._scheduler_target
+        sched = scheduler_of(self.model if isinstance(target, str) else target)  # type: ignore[attr-defined]
+        if sched is not None:
+            self._sched_wrap = SchedulerWrap(sched, self._tick)
+            self._meta["scheduler"] = type(sched).__name__
+
+    def _unwatch_calls(self) -> None:
+        if self._sched_wrap is not None:
+            self._sched_wrap.restore()
+            self._sched_wrap = None
+        while self._call_hooks:
+            self._call_hooks[-1].remove()
+            self._call_hooks.pop()
+        self._open_call.clear()
+
+    def _tick(self) -> None:
+        if self._entered and self._backend is not None:
+            self._ticks.append(self._backend.end_step() if self._step is None else self._backend.mark())
+
+    def _make_call_hooks(self, root: str) -> tuple[Callable, Callable]:
+        def pre(module, args):
+            depth = self._call_depth[root]
+            self._call_depth[root] = depth + 1
+            if depth:
+                return
+            self._call_starting(root)
+            explicit = self._step
+            if explicit is None:
+                self._before_step()
+                start = self._backend.begin_step()
+                self._step_opened()
+            else:
+                start = None
+            c = Call(len(self._calls), start, None, explicit, len(self._ticks), root)
+            self._calls.append(c)
+            self._open_call[root] = c
+
+        def post(module, args, *rest):
+            self._call_depth[root] = max(self._call_depth[root] - 1, 0)
+            if self._call_depth[root]:
+                return
+            c = self._open_call.pop(root, None)
+            if c is None:
+                return
+            if c.explicit is None:
+                self._step_closing()
+                c.end = self._backend.end_step()
+                if self.record_memory:
+                    self._sample_memory(force=True)
+            else:
+                c.end = c.start
+
+        return pre, post
+
+    def _call_starting(self, root: str) -> None:
+        """Called as a top-level call of ``root`` starts, before it is recorded."""
+
+    def _stamp(self) -> tuple[int | None, int | None]:
+        """What an event recorded now belongs to: (explicit step or None, call id or None)."""
+        c = max(self._open_call.values(), key=lambda x: x.cid, default=None)  # the innermost
+        return self._step, (c.cid if c is not None else None)
+
+    def _locate(self, stamp: tuple[int | None, int | None]) -> tuple[int, int] | None:
+        """(step, call) of an event's stamp in the built run, or None when it is in no step."""
+        xs, cid = stamp
+        if cid is not None and cid in self._where:
+            return self._where[cid]
+        if xs is not None and xs in self._explicit_at:
+            return self._explicit_at[xs], 0
+        return None
+
+    def _group_steps(self) -> tuple[list[dict], str]:
+        """Step bounds (markers) from calls, explicit steps and ticks; fills the stamp lookup."""
+        calls = [c for c in self._calls if c.end is not None or c.explicit is not None]
+        groups, how = group_calls(calls, self._bounds, self._ticks)
+        by_id = {c.cid: c for c in calls}
+        self._where, self._explicit_at = {}, {}
+        bounds = []
+        for g in groups:
+            if g.explicit is not None:
+                self._explicit_at[g.explicit] = g.first
+            per_root: dict[str, int] = {}
+            for cid in g.calls:
+                root = by_id[cid].root
+                self._where[cid] = (g.first, per_root.get(root, 0))
+                per_root[root] = per_root.get(root, 0) + 1
+            bounds.append({"step": g.first, "start": g.start, "end": g.end})
+        return bounds, how
 
     # -- steps -----------------------------------------------------------------------------------
     def _current_step(self) -> int:
@@ -213,6 +328,7 @@ class Recorder:
             raise self._error("steps do not nest")
         self._before_step()
         self._step = self._steps_done
+        before = len(self._calls)
         start = self._backend.begin_step()
         try:
             self._step_opened()
@@ -222,7 +338,7 @@ class Recorder:
             end = self._backend.end_step()
             if self.record_memory:
                 self._sample_memory(force=True)
-            self._bounds.append({"step": self._step, "start": start, "end": end})
+            self._bounds.append({"step": self._step, "start": start, "end": end, "before": before})
             self._steps_done += 1
             self._step = None
 
@@ -270,11 +386,13 @@ class Recorder:
             raise self._error(f"warmup {warmup!r} must be an integer ≥ 0")
         self._backend.synchronize()
         r = self._backend.resolve
+        marks, how = self._group_steps()
+        self._kept_steps = {b["step"] for b in marks[warmup:]}
         events = self._events(r, warmup)
         plan_layers, extra = self._placement()
         self._finish_events(events, plan_layers)
-        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in self._bounds]
-        meta = {**self._meta, **extra}
+        bounds = [{"step": b["step"], "start_s": r(b["start"]), "end_s": r(b["end"])} for b in marks]
+        meta = {**self._meta, **extra, "steps_from": how, "calls_recorded": len(self._calls)}
         return Run.build(events, bounds, plan_layers, self._memory, meta, warmup=warmup)
 
     @property

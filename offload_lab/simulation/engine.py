@@ -234,7 +234,8 @@ class _Walk:
         if lay.tier == "mapped" and (g, lay.index) not in self.seen_mapped:
             self.seen_mapped.add((g, lay.index))
             dur = lay.copy_cold
-        return lay, q // len(S) // self.passes, dur
+        # the forward (step × passes + pass) it serves: the frame splits it into step and call
+        return lay, q // len(S), dur
 
 
 def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
@@ -248,7 +249,7 @@ def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, i
     bounds = pd.DataFrame(engine(walk, prof, steps, ev), columns=["step", "start_s", "end_s"])
     if not frames:
         return None, bounds, None
-    return ev.frame(steps, run), bounds, ev.memory(spec)
+    return ev.frame(steps, run, passes), bounds, ev.memory(spec)
 
 
 def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:
@@ -278,7 +279,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
             if lay.tier == "mapped" and (g, lay.index) not in seen:
                 seen.add((g, lay.index))
                 dur = lay.copy_cold
-            step = q // n // passes
+            step = q // n  # the forward it serves (step × passes + pass)
             t += issue_s
             # the copy stream first waits on the compute stream
             start = t if t > link_free else link_free
@@ -318,10 +319,10 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
                         begin = ready = t if t > stream_free else stream_free
                     ce = ends.pop(q)
                     if ce > ready:
-                        row((step, lid, WAIT, ready, ce))
+                        row((use, lid, WAIT, ready, ce))
                         begin = ce
                 end = stream_free = begin + compute
-                row((step, lid, COMPUTE, begin, end))
+                row((use, lid, COMPUTE, begin, end))
                 t += launch_s
                 if k >= 0:
                     moved((end, freed))
@@ -428,11 +429,11 @@ class _SyncEngine:
                             w0 = self.t
                             self.run(0.0, False, until=(g, q))
                             self.run(prof.wake_s, False)  # the waiting host thread is woken
-                            add(step, lay, WAIT, w0, self.t)
+                            add(use, lay, WAIT, w0, self.t)
                         self.done.discard((g, q))
                     begin = self.t
                     self.run(lay.compute, True)
-                    add(step, lay, COMPUTE, begin, self.t)
+                    add(use, lay, COMPUTE, begin, self.t)
                     if k >= 0:
                         self.ev.mem.extend((self.t, -lay.nbytes))
             self.run(prof.step_tail_s, False)

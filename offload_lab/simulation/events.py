@@ -40,14 +40,18 @@ class _Events:
     def add(self, step: int, lay: _Layer, kind: int, start: float, end: float) -> None:
         self.rows.extend((step, lay.lid, kind, start, end))
 
-    def frame(self, steps: int, run: str = "") -> pd.DataFrame:
+    def frame(self, steps: int, run: str = "", passes: int = 1) -> pd.DataFrame:
         """The events frame in contract form, sorted by (start, end) as :meth:`Run.build` keeps it.
+
+        Rows carry the forward they serve (step × ``passes`` + pass); the frame splits it into
+        ``step`` and ``call`` (the pass within the step, as the runtime numbers its calls).
 
         Copies labelled with a step that never ran (prefetch wrapping past the last step) are
         left out here, as :meth:`Run.build` would, before any string is made.
         """
         rows = np.array(self.rows, dtype="float64").reshape(-1, 5)
-        step = rows[:, 0].astype("int64")
+        use = rows[:, 0].astype("int64")
+        step, call = use // passes, use % passes
         ran = np.flatnonzero(step < steps)
         s_all, e_all = rows[:, 3], rows[:, 4]
         o = ran[_time_order(s_all[ran], e_all[ran])]
@@ -65,7 +69,7 @@ class _Events:
         return pd.DataFrame({
             "run": _strings([run], np.zeros(n, dtype="int64")),
             "step": step[o],
-            "call": np.zeros(n, dtype="int64"),
+            "call": call[o],
             "group": _strings(groups, g_of[lid]),
             "layer": index_of[lid],
             "kind": _strings(list(_KINDS), kind),

@@ -312,6 +312,20 @@ def _step_selector(ranges: dict[int, tuple[float, float]], t0: float, t1: float,
     return rng(*ranges[min(ranges)]), shapes, menus
 
 
+def _call_shading(ev: pd.DataFrame, scale: float) -> list[dict]:
+    """One shaded band per call within a step (odd calls darker), behind the bars.
+
+    Several calls per step come from classifier-free guidance: the model runs twice.
+    """
+    comp = ev[ev["stream"] == "compute"]
+    spans = comp.groupby(["step", "call"]).agg(a=("start_s", "min"), b=("end_s", "max"))
+    return [dict(type="rect", xref="x", yref="paper", x0=a * scale, x1=b * scale, y0=0, y1=1,
+                 layer="below", line=dict(width=0),
+                 fillcolor="rgba(90,90,140,0.10)" if call % 2 else "rgba(90,90,140,0.03)",
+                 label=dict(text=f"call {call}", textposition="top left", font=dict(size=9)))
+            for (st, call), a, b in zip(spans.index, spans["a"], spans["b"])]
+
+
 def timeline(run: Run, step: int | None = None) -> go.Figure:
     """Per-layer intervals on one lane per stream (and per group where there are several; per
     rank, in bands, for a multi-rank run).
@@ -363,8 +377,11 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
         [fmt_seconds(d) for d in dur],
         [f"{g:.1f} GB/s" if math.isfinite(g) else "-" for g in gb],
         ev["step"].to_numpy(),
+        ev["call"].to_numpy(),
     ]).astype(object)
-    hover = ("<b>%{customdata[0]}.%{customdata[1]}</b> · %{customdata[2]} · step %{customdata[6]}"
+    multi_call = bool(len(ev) and int(ev["call"].max()) > 0)
+    at = " · step %{customdata[6]}" + (" · call %{customdata[7]}" if multi_call else "")
+    hover = ("<b>%{customdata[0]}.%{customdata[1]}</b> · %{customdata[2]}" + at +
              "<br>%{customdata[4]}, %{customdata[3]}, %{customdata[5]}<extra>%{fullData.name}</extra>")
     kind = ev["kind"].astype(str)
     traces: list[dict] = []
@@ -391,6 +408,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
 
     xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
                                            scale, step is None)
+    shapes = _call_shading(ev, scale) + shapes if multi_call else shapes
     return _figure(
         traces, title, int(min(170 + 44 * len(order), 480 if not order[0].startswith("rank ") else 1200)),
         xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),

@@ -78,7 +78,8 @@ def _facts(r: Run, m: dict[str, Any]) -> list[dict[str, str]]:
     return [
         _row("backend", f"{r.backend} · {r.meta.get('device_name') or '–'}"),
         _row("tiers", m["tiers"]),
-        _row("steps", f"{m['steps']} measured (warm-up dropped: {r.meta.get('warmup_dropped', 0)})"),
+        _row("steps", f"{m['steps']} measured (warm-up dropped: {r.meta.get('warmup_dropped', 0)})"
+                      + _calls_text(r)),
         _row("median step", f"{fmt_seconds(m['step_s'])} (compute {fmt_seconds(m['compute_s'])}, "
                             f"copy {fmt_seconds(m['copy_s'])})"),
         _row("slowest / fastest step", f"×{spread}" + (" (noisy)" if m["noisy"] else ""),
@@ -101,6 +102,20 @@ def _device_peak_rows(r: Run) -> list[dict[str, str]]:
     of = f" of {fmt_bytes(mem)}" if mem else ""
     return [_row("device peak", f"predicted {fmt_bytes(d['predicted_bytes'])} (estimate){of} · measured "
                                 f"{fmt_bytes(d.get('measured_bytes'))} ({d.get('measured_how', '')})")]
+
+
+def _calls_text(r: Run) -> str:
+    """How many calls of the model each step made, and how steps were found, when that says more
+    than one call per step (classifier-free guidance runs the model twice per step)."""
+    calls = sorted({int(c) for c in r.steps["calls"]}) if len(r.steps) else []
+    how = r.meta.get("steps_from")
+    parts = []
+    if calls and calls != [1]:
+        span = f"{calls[0]}–{calls[-1]}" if len(calls) > 1 else str(calls[0])
+        parts.append(f"{span} calls per step")
+    if isinstance(how, str) and how != "explicit":
+        parts.append(f"steps from {how}")
+    return f" · {', '.join(parts)}" if parts else ""
 
 
 def _bound_text(m: dict[str, Any]) -> str:

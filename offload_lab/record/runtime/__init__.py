@@ -26,9 +26,14 @@ __all__ = ["OffloadManager", "OffloadError", "offload", "profile", "BACKENDS", "
 @contextlib.contextmanager
 def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
             init: str = "grouped", label: str | None = None,
-            record_memory: bool = True) -> Iterator[OffloadManager]:
+            record_memory: bool = True, scheduler: Any = "auto") -> Iterator[OffloadManager]:
     """Run ``model`` under ``plan`` inside the block; leaving it restores the model exactly.
 
+    ``model`` may be a diffusers pipeline with a :class:`~offload_lab.planning.pipeline.PipelinePlan`
+    (one plan per component, one Run holding them all). Without ``m.step()`` markers, steps are
+    found from the pipeline's ``scheduler.step`` or one per call (``run.meta["steps_from"]``);
+    ``scheduler`` names the object whose ``step`` closes a step (``"auto"``: the scheduler of the
+    diffusers pipeline that holds ``model``; ``None``: none).
     ``backend="auto"`` picks ``cuda`` when a GPU is there, else ``cpu``. ``init`` is the group
     initialisation strategy (``"grouped"``: all groups offloaded, then non-layer weights moved
     once; ``"naive"``: each group offloaded then the whole model moved, in declared order).
@@ -45,16 +50,34 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
     >>> m.run.steps["bytes_moved"].tolist() == [plan.layers["bytes"].sum()] * 2
     True
     """
-    manager = OffloadManager(model, plan, backend=backend, device=device, init=init, label=label,
-                             record_memory=record_memory)
+    manager = _manager(model, plan, backend=backend, device=device, init=init, label=label,
+                       record_memory=record_memory, scheduler=scheduler)
     with manager:
         yield manager
+
+
+def _manager(model: Any, plan: Any, **kwargs: Any) -> OffloadManager:
+    """The manager for a module and a Plan, or for a diffusers pipeline and a PipelinePlan."""
+    from offload_lab.model.pipeline import is_pipeline
+    from offload_lab.planning.pipeline import PipelinePlan
+
+    if is_pipeline(model) or isinstance(plan, PipelinePlan):
+        from offload_lab.record.runtime.pipeline import PipelineManager
+
+        if not is_pipeline(model):
+            raise OffloadError(f"a PipelinePlan needs the diffusers pipeline it was made for, got "
+                               f"{type(model).__name__}; for one component pass plan[name]")
+        if not isinstance(plan, PipelinePlan):
+            raise OffloadError(f"a pipeline needs a PipelinePlan (plan_pipeline(spec_of(pipe))), got "
+                               f"{type(plan).__name__}; to offload one component pass pipe.<component>")
+        return PipelineManager(model, plan, **kwargs)
+    return OffloadManager(model, plan, **kwargs)
 
 
 def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3, warmup: int = 1,
             backend: str = "auto", device: torch.device | str | None = None, init: str = "grouped",
             label: str | None = None, progress: Callable[[int, int], None] | None = None,
-            gather: bool = False) -> Run | None:
+            requests: int = 1, gather: bool = False) -> Run | None:
     """Call ``fn()`` once per step under the plan and return the measured :class:`Run`.
 
     The first ``warmup`` steps are run but dropped from the frames (``meta['warmup_dropped']``).
@@ -63,6 +86,11 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
     returns all ranks' runs as one multi-rank Run on rank 0 and ``None`` on the others
     (:func:`offload_lab.gather`); when one rank raises, it tells the others, which raise
     :class:`~offload_lab.record.gather.GatherError` naming it.
+
+    For a diffusers pipeline (``model``) and a :class:`~offload_lab.planning.pipeline.PipelinePlan`,
+    ``fn()`` is one request (``lambda: pipe(**kw)``): it is called ``warmup`` times to warm up,
+    then ``requests`` times; the steps are the pipeline's own (one per ``scheduler.step``), those
+    of the warm-up requests dropped; ``steps`` is not used. ``progress`` counts requests.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
@@ -81,12 +109,13 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
         raise OffloadError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
     if not isinstance(gather, bool):
         raise OffloadError(f"gather {gather!r} must be True or False")
+    args = (model, fn, plan, steps, warmup, backend, device, init, label, progress, requests)
     if not gather:
-        return _profile(model, fn, plan, steps, warmup, backend, device, init, label, progress)
+        return _profile(*args)
     from offload_lab.record.gather import gather as _gather
 
     try:
-        run = _profile(model, fn, plan, steps, warmup, backend, device, init, label, progress)
+        run = _profile(*args)
     except BaseException as e:
         _gather(None, failed=e)  # tell the other ranks before raising here
         raise
@@ -94,7 +123,13 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
 
 
 def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, warmup: int, backend: str,
-             device: Any, init: str, label: str | None, progress: Callable[[int, int], None] | None) -> Run:
+             device: Any, init: str, label: str | None, progress: Callable[[int, int], None] | None,
+             requests: int) -> Run:
+    from offload_lab.model.pipeline import is_pipeline
+
+    if is_pipeline(model):
+        return _profile_requests(model, fn, plan, requests, warmup, progress, backend=backend,
+                                 device=device, init=init, label=label)
     total = steps + warmup
     with offload(model, plan, backend=backend, device=device, init=init, label=label) as m:
         with torch.no_grad():
@@ -104,3 +139,24 @@ def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, wa
                 if progress is not None:
                     progress(k + 1, total)
         return m.build_run(warmup=warmup)
+
+
+def _profile_requests(pipe: Any, fn: Callable[[], Any], plan: Any, requests: int, warmup: int,
+                      progress: Callable[[int, int], None] | None, **kwargs: Any) -> Run:
+    """:func:`profile` of a pipeline: whole requests, steps from the pipeline's scheduler."""
+    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+        raise OffloadError(f"requests {requests!r} must be an integer ≥ 1")
+    total = requests + warmup
+    with offload(pipe, plan, **kwargs) as m:
+        dropped = 0
+        with torch.no_grad():
+            for k in range(total):
+                fn()
+                if k + 1 == warmup:
+                    dropped = len(m._group_steps()[0])
+                if progress is not None:
+                    progress(k + 1, total)
+        run = m.build_run(warmup=dropped)
+    run.meta["requests"] = requests
+    run.meta["warmup_requests"] = warmup
+    return run

@@ -62,7 +62,8 @@ class OffloadManager(Recorder):
     _sample_every_s = MEMORY_SAMPLE_S
 
     def __init__(self, model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
-                 init: str = "grouped", label: str | None = None, record_memory: bool = True):
+                 init: str = "grouped", label: str | None = None, record_memory: bool = True,
+                 scheduler: Any = "auto"):
         if not isinstance(model, nn.Module):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
         if model in _ACTIVE:
@@ -75,6 +76,7 @@ class OffloadManager(Recorder):
         self.backend_name, self.init_strategy = backend, init
         self.label = label
         self.record_memory = record_memory
+        self._scheduler_target = scheduler
         self._groups = self._check_plan(model, plan)
         self._stores: dict[tuple[str, int], LayerStore] = {}
         self._resident_bufs: dict[tuple[str, int], dict] = {}
@@ -352,7 +354,7 @@ class OffloadManager(Recorder):
         open_recs: list[dict] = []
 
         def pre(module, args):
-            rec = {"group": g.name, "layer": i, "tier": tier, "bytes": nbytes, "step": self._current_step()}
+            rec = {"group": g.name, "layer": i, "tier": tier, "bytes": nbytes, "stamp": self._stamp()}
             if streamed:
                 ticket = g.in_flight.pop(i, None)
                 if ticket is None:  # not prefetched (prefetch 0, or a layer run out of order)
@@ -398,7 +400,10 @@ class OffloadManager(Recorder):
     def _events(self, r: Callable[[Any], float], warmup: int) -> list[dict]:
         events = []
         for rec in self._records:
-            base = {"run": self._meta["run"], "step": rec["step"], "group": rec["group"],
+            where = self._locate(rec["stamp"])
+            if where is None:  # a block run by hand outside any call or step
+                continue
+            base = {"run": self._meta["run"], "step": where[0], "call": where[1], "group": rec["group"],
                     "layer": rec["layer"], "tier": rec["tier"]}
             start, end = r(rec["start"]), r(rec["end"])
             t = rec.get("ticket")

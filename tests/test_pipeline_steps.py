@@ -1,0 +1,176 @@
+"""Steps found without editing the loop: a real diffusers WanPipeline (tiny random config, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import offload_lab
+
+pytest.importorskip("diffusers")
+pytest.importorskip("transformers")
+
+from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_call, tiny_wan_pipeline  # noqa: E402
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return tiny_wan_pipeline(layers=6)
+
+
+@pytest.fixture(scope="module")
+def reference(pipe):
+    with torch.no_grad():
+        return pipe(**tiny_wan_call(steps=STEPS)).frames
+
+
+@pytest.fixture(scope="module")
+def loaded(pipe, tmp_path_factory):
+    """The pipeline written by the real writer in small shards and loaded back: file-backed."""
+    from diffusers import WanPipeline
+
+    d = tmp_path_factory.mktemp("wan")
+    pipe.save_pretrained(d, max_shard_size="100KB")
+    back = WanPipeline.from_pretrained(d, text_encoder=None, tokenizer=None)
+    back.set_progress_bar_config(disable=True)
+    return back
+
+
+def _check_steps(run, blocks: int) -> None:
+    assert len(run.steps) == STEPS
+    assert run.meta["steps_from"] == "scheduler"
+    assert run.steps["calls"].tolist() == [2] * STEPS
+    comp = run.events[run.events["kind"] == "compute"]
+    # every block runs once per call: 2 calls × 6 blocks per step, calls numbered 0 and 1
+    per = comp.groupby(["step", "call"]).size()
+    assert per.tolist() == [blocks] * (2 * STEPS)
+
+
+@pytest.mark.parametrize("tier", ["pinned", "pageable", "mapped"])
+def test_offload_transformer_no_markers(pipe, reference, loaded, tier):
+    if tier == "mapped":  # mapped needs the weights on a checkpoint's pages
+        pipe = loaded
+        assert all(offload_lab.is_file_backed(p) for p in pipe.transformer.parameters())
+    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier=tier)
+    sched_step = pipe.scheduler.step
+    with offload_lab.offload(pipe.transformer, plan, backend="cpu") as m:
+        out = pipe(**tiny_wan_call(steps=STEPS)).frames
+    run = m.build_run()
+    assert torch.equal(out, reference)
+    _check_steps(run, 6)
+    copies = run.events[run.events["kind"] == "copy"]
+    # every block copied twice per step; bytes per step = calls × streamed bytes
+    assert copies.groupby(["step", "layer"]).size().tolist() == [2] * (6 * STEPS)
+    streamed = int(plan.layers.loc[plan.layers["streamed"], "bytes"].sum())
+    assert run.steps["bytes_moved"].tolist() == [2 * streamed] * STEPS
+    # the scheduler is restored: the instance holds no wrapper, the method is the class's
+    assert "step" not in vars(pipe.scheduler)
+    assert pipe.scheduler.step == sched_step
+
+
+def test_observe_pipeline_no_markers(pipe, reference):
+    with offload_lab.observe(pipe.transformer, backend="cpu") as obs:
+        out = pipe(**tiny_wan_call(steps=STEPS)).frames
+    assert torch.equal(out, reference)
+    _check_steps(obs.run, 6)
+    assert "step" not in vars(pipe.scheduler)
+
+
+def test_observe_plain_module_calls_are_steps():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ModuleList([nn.Linear(8, 8) for _ in range(3)]))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    model = Net()
+    x = torch.randn(2, 8)
+    with offload_lab.observe(model, backend="cpu") as obs, torch.no_grad():
+        for _ in range(3):
+            model(x)
+    run = obs.run
+    assert len(run.steps) == 3 and run.meta["steps_from"] == "calls"
+    assert run.steps["calls"].tolist() == [1, 1, 1]
+    assert run.meta["calls_recorded"] == 3
+
+
+def test_explicit_steps_win_and_count_calls():
+    from offload_lab import synthetic
+
+    model = synthetic.build(offload_lab.catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=3)
+    inputs = synthetic.example_inputs(model, tokens=32)
+    plan = offload_lab.plan(offload_lab.spec_of(model), tier="pinned")
+    with offload_lab.offload(model, plan, backend="cpu") as m, torch.no_grad():
+        for _ in range(2):
+            with m.step():
+                model(**inputs)
+                model(**inputs)
+        model(**inputs)  # outside any step: still recorded, as its own step
+    run = m.run
+    assert run.meta["steps_from"] == "explicit"
+    assert run.steps["calls"].tolist() == [2, 2, 1]
+    streamed = int(plan.layers.loc[plan.layers["streamed"], "bytes"].sum())
+    assert run.steps["bytes_moved"].tolist() == [2 * streamed, 2 * streamed, streamed]
+
+
+def test_scheduler_restored_on_interrupt(pipe):
+    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier="pinned")
+    kw = tiny_wan_call(steps=STEPS)
+    calls = []
+
+    def stop(module, args, output):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    h = pipe.transformer.blocks[0].register_forward_hook(stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with offload_lab.offload(pipe.transformer, plan, backend="cpu"):
+                pipe(**kw)
+    finally:
+        h.remove()
+    assert "step" not in vars(pipe.scheduler)
+    assert not pipe.transformer._forward_pre_hooks and not pipe.transformer._forward_hooks
+
+
+def test_simulator_numbers_passes():
+    spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    run = offload_lab.simulate(plan, "h200", steps=2, passes=2)
+    assert run.steps["calls"].tolist() == [2, 2]
+    comp = run.events[run.events["kind"] == "compute"]
+    assert comp.groupby(["step", "call"]).size().tolist() == [spec.groups[0].num_layers] * 4
+
+
+def test_old_runs_without_call_columns_load(tmp_path):
+    spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    run = offload_lab.simulate(plan, "h200", steps=2)
+    ev = run.events.drop(columns=["call"])
+    st = run.steps.drop(columns=["calls"])
+    old = offload_lab.Run(ev, run.layers, st, run.memory, run.meta)
+    path = tmp_path / "old.olrun"
+    old.save(path)
+    back = offload_lab.Run.load(path)
+    assert back.events["call"].eq(0).all() and back.steps["calls"].eq(1).all()
+
+
+def test_no_scheduler_asked_one_step_per_call(pipe, reference):
+    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier="pinned")
+    with offload_lab.offload(pipe.transformer, plan, backend="cpu", scheduler=None) as m:
+        out = pipe(**tiny_wan_call(steps=STEPS)).frames
+    run = m.build_run()
+    assert torch.equal(out, reference)
+    assert run.meta["steps_from"] == "calls" and len(run.steps) == 2 * STEPS
+    assert "step" not in vars(pipe.scheduler)
