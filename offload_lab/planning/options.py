@@ -28,8 +28,8 @@ __all__ = [
     "parse_tiers", "parse_choice", "argparse_type", "add_plan_arguments", "add_run_arguments", "plan_kwargs",
 ]
 
-TIERS = ("resident", "pinned", "pageable", "mapped")
-FORCED_TIERS = ("pinned", "pageable", "mapped")
+TIERS = ("resident", "pinned", "staged", "pageable", "mapped")
+FORCED_TIERS = ("pinned", "staged", "pageable", "mapped")
 ORDERS = ("execution", "reverse", "largest", "strided")
 RESIDENCIES = ("leading", "strided")
 STRATEGIES = ("grouped", "naive")

@@ -185,6 +185,7 @@ def plan_pipeline(
         "budget": budget, "pinned_bytes": sum(o.pinned for o in outcomes),
         "net_anonymous_bytes": sum(o.net for o in outcomes),
         "fits": all(o.fits for o in outcomes), "headroom": host.headroom,
+        "staging_bytes": sum(o.staging for o in outcomes),
     }
     _emit(msgs)
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)

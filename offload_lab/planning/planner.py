@@ -326,7 +326,8 @@ def _ledger(host: HostMemory, out: _Outcome) -> dict[str, Any]:
     return {
         "available": host.available, "reserve": host.reserve, "spendable": host.spendable,
         "budget": out.budget, "pinned_bytes": out.pinned, "net_anonymous_bytes": out.net,
-        "fits": out.fits, "headroom": out.headroom,
+        "fits": out.fits, "headroom": out.headroom, "staging_bytes": out.staging,
+        "staging": {g: {"buffers": k, "buffer_bytes": b} for g, (k, b) in out.staging_groups.items()},
     }
 
 
