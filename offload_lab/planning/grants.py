@@ -104,6 +104,7 @@ class _Unit:
     init_order: list[str]
     rows: list[_Row]  # in spec order
     grant_order: list[_Row]
+    use_staging: bool = False
     #: per group: (staging buffers, bytes each) once the grants are made
     staging: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -114,7 +115,7 @@ class _Unit:
 
 def _build_unit(
     name: str, spec: ModelSpec, resident: Any, residency: str, order: Any, prefetch: int,
-    tier: Any,
+    tier: Any, staging: Any = False,
 ) -> _Unit:
     if not isinstance(spec, ModelSpec):
         raise PlanError(f"spec {spec!r} is not a ModelSpec; build one with spec_of(), "
@@ -124,6 +125,9 @@ def _build_unit(
     check_choice(residency, "residency", RESIDENCIES)
     prefetch = _check_prefetch(prefetch)
     tier = _check_tier(tier)
+    if not isinstance(staging, bool):
+        raise PlanError(f"staging {staging!r} is not a bool; expected True (unpinned streamed layers go "
+                        f"through pinned staging buffers when they fit) or False")
     sets = resident_sets(spec, resident, residency)
     # init order: largest group first; sorted() is stable so equal groups keep declared order
     init_order = [g.name for g in sorted(spec.groups, key=lambda g: -g.bytes)]
@@ -152,9 +156,10 @@ def _build_unit(
             )
     params = {
         "resident": _jsonable(resident), "residency": residency, "order": _jsonable(order),
-        "prefetch": prefetch, "tier": tier,
+        "prefetch": prefetch, "tier": tier, "staging": staging or tier == "staged",
     }
-    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant)
+    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant,
+                 use_staging=staging or tier == "staged")
 
 
 def _jsonable(value: Any) -> Any:
@@ -197,11 +202,13 @@ def _reserve_staging(unit: _Unit, left: int) -> dict[str, int]:
     forced) and K buffers the size of its largest streamed layer fit what is left; the charge
     is made exact once the grants say which layers are staged.
     """
-    if unit.tier not in (None, "staged"):
+    if not unit.use_staging or unit.tier not in (None, "staged"):
         return {}
     out: dict[str, int] = {}
-    if unit.tier is None and sum(r.bytes for r in unit.rows if r.streamed) <= left:
-        return out  # every streamed layer can have a pin of its own
+    if unit.tier is None and _unpinned(unit, left) <= unit.prefetch + 1:
+        # every streamed layer has a pin of its own, or too few are left without one for
+        # staging buffers (which would take their pins) to pay off
+        return out
     for g in unit.init_order:
         streamed = [r for r in unit.grant_order if r.group == g and r.streamed]
         if not streamed:
@@ -210,6 +217,19 @@ def _reserve_staging(unit: _Unit, left: int) -> dict[str, int]:
         if k * b <= left - sum(out.values()):
             out[g] = k * b
     return out
+
+
+def _unpinned(unit: _Unit, left: int) -> int:
+    """Streamed layers first fit leaves without a pin of their own."""
+    n = 0
+    for r in unit.grant_order:
+        if not r.streamed:
+            continue
+        if r.bytes <= left:
+            left -= r.bytes
+        else:
+            n += 1
+    return n
 
 
 def _settle_staging(unit: _Unit, reserved: dict[str, int]) -> int:

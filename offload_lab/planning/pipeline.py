@@ -53,6 +53,7 @@ class Component:
     order: Any = "execution"
     prefetch: int = 1
     tier: str | None = None
+    staging: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -158,7 +159,7 @@ def plan_pipeline(
         raise PlanError(f"component names must be unique; {dupes} appear more than once")
     ranked = sorted(comps, key=lambda c: -c.score)  # stable: ties keep the order given
     units = [
-        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier)
+        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier, c.staging)
         for c in ranked
     ]
     host = _resolve_host(host)

@@ -344,6 +344,7 @@ def plan(
     order: str | Sequence[int | str] = "execution",
     prefetch: int = 1,
     tier: str | None = None,
+    staging: bool = False,
     host: HostMemory | dict | str | int | None = None,
 ) -> Plan:
     """Plan where each layer of ``spec`` lives between uses (the rules are in the module doc).
@@ -363,6 +364,12 @@ def plan(
       subject to the budget and the fit check (layers that cannot take it say why, and a
       :class:`PlanWarning` counts them). With a forced ``pageable`` or ``mapped`` tier resident
       layers' host copies are not pinned either.
+    - ``staging``: layers that do not get a pin of their own are ``staged`` — moved through K
+      = prefetch + 1 pinned staging buffers per group, each the size of the group's largest
+      staged layer, charged to the pin budget and to net anonymous memory before any layer is
+      pinned — when those buffers fit and more than K streamed layers would go without a pin;
+      else they are pageable or mapped as without it. ``tier="staged"`` forces it for every
+      streamed layer (no layer is then pinned).
     - ``host``: a :class:`HostMemory` (``None`` probes this machine; ``"64GiB"`` is a
       hypothetical host with that much available).
 
@@ -373,7 +380,7 @@ def plan(
     ([1, 5, 8, 11], 'resident: strided 35 of 50')
     """
     unit = _build_unit(spec.name if isinstance(spec, ModelSpec) else "spec", spec, resident,
-                       residency, order, prefetch, tier)
+                       residency, order, prefetch, tier, staging)
     host = _resolve_host(host)
     budget, user, capped = _budget(host, pin_budget)
     _check_forced_pinned(unit, budget)
