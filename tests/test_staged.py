@@ -10,7 +10,14 @@ import torch
 
 import offload_lab
 from offload_lab import HostMemory, catalog, synthetic
-from offload_lab.record.runtime import OffloadError, OffloadManager, offload, profile, staging, stores
+from offload_lab.record.runtime import (
+    OffloadError,
+    OffloadManager,
+    offload,
+    profile,
+    staging,
+    stores,
+)
 
 HOST = HostMemory(available="64GiB")
 

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from offload_lab.record.run import Run
+from offload_lab.record.runtime.backends import ISSUE_ORDERS
 from offload_lab.record.runtime.manager import (
     BACKENDS,
     INIT_STRATEGIES,
     OffloadError,
     OffloadManager,
 )
-from offload_lab.record.runtime.backends import ISSUE_ORDERS
 
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
