@@ -193,3 +193,46 @@ def test_planner_stages_h3_on_a_small_pin_budget():
     assert p.reason_of("blocks", 49).startswith("staged through 2 × 1.20 GiB pinned buffers")
     off = offload_lab.plan(spec, pin_budget="5.32GiB", host=HOST)
     assert off.tier_counts["staged"] == 0 and off.ledger["staging_bytes"] == 0
+
+
+# -- simulator ---------------------------------------------------------------------------------------
+def test_simulated_h200_wan14b_staged_near_pinned_and_pageable_after_compute_below_measured():
+    spec = catalog.load("wan2.1-t2v-14b")
+    host = HostMemory(available="256GiB")
+    prof = offload_lab.DeviceProfile.load("h200")
+    t = {}
+    for name, tier, issue in (("pinned", "pinned", None), ("staged", "staged", None),
+                              ("pageable-after", "pageable", "after-compute"),
+                              ("pageable-before", "pageable", "before-compute")):
+        run = offload_lab.simulate(offload_lab.plan(spec, tier=tier, host=host), prof, steps=3,
+                                   tokens="480p", issue=issue)
+        assert run.simulated and run.label.endswith("(simulated)")
+        t[name] = run.step_time
+    assert t["staged"] <= 1.15 * t["pinned"]
+    assert t["pageable-after"] < 0.8 * 6.38 < t["pageable-before"]
+
+
+def test_simulated_staging_rows_and_buffer_limit():
+    spec = catalog.load("wan2.1-t2v-14b")
+    prof = offload_lab.DeviceProfile.load("h200").replace(host_memcpy_gbps=2.0)
+    run = offload_lab.simulate(offload_lab.plan(spec, tier="staged", prefetch=3, host=HOST), prof, steps=2)
+    ev = run.events
+    st, cp = ev[ev["kind"] == "stage"], ev[ev["kind"] == "copy"]
+    assert set(st["stream"]) == {"host_copy"} and len(st) == len(cp)
+    # memcpy-bound: the stager runs back to back at 2 GB/s
+    assert st["dur_s"].median() == pytest.approx(spec.group("blocks").layers[0].bytes / 2e9, rel=0.01)
+    with pytest.raises(offload_lab.simulation.ProfileError, match="host_memcpy_gbps"):
+        offload_lab.simulate(offload_lab.plan(spec, tier="staged", host=HOST),
+                             prof.replace(host_memcpy_gbps=None), steps=1)
+
+
+def test_calibrate_fits_host_memcpy_from_a_staged_cpu_run():
+    model = _wan()
+    inputs = synthetic.example_inputs(model, tokens=32, seed=5)
+    p = offload_lab.plan(offload_lab.spec_of(model), tier="staged", prefetch=1, host=HOST)
+    run, _ = _run(model, inputs, p)
+    fit = offload_lab.calibrate(run)
+    st = run.events[run.events["kind"] == "stage"]
+    assert fit.host_memcpy_gbps == pytest.approx(float((st["bytes"] / st["dur_s"]).median() / 1e9))
+    again = offload_lab.simulate(offload_lab.simulation.plan_of_run(run)[1], fit, steps=2)
+    assert (again.events["kind"] == "stage").any() == (fit.compute_mode == "async")
