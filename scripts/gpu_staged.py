@@ -75,7 +75,7 @@ def staged_stage(dev: Any, out: Path, runs_dir: Path, build: Callable, tokens: i
             label = f"{short} {name}"
             outs: list = []
             try:
-                run = offload_lab.profile(model, lambda: outs.append(model(**inputs)), plan, steps=steps,
+                run = offload_lab.profile(model, lambda o=outs, m=model, x=inputs: o.append(m(**x)), plan, steps=steps,
                                           warmup=warmup, backend=backend, label=label, issue=issue)
             except Exception:
                 log(f"  FAILED {label}:\n{traceback.format_exc()}")

@@ -237,7 +237,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     bar = Progress(steps + args.warmup)
     bar.stage(f"profiling on {backend}")
     run = profile(model, lambda: model(**inputs), p, steps=steps, warmup=args.warmup, backend=backend,
-                  init=args.init, label=args.label, progress=bar.steps(f"profiling on {backend}"))
+                  init=args.init, label=args.label, progress=bar.steps(f"profiling on {backend}"),
+                  issue=args.issue)
     bar.close()
     with cleaned_up(out):
         path = run.save(out)
@@ -281,7 +282,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
     run = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
-                   warmup=args.warmup, passes=args.passes)
+                   warmup=args.warmup, passes=args.passes, issue=args.issue)
     m = analysis.metrics(run)
     kind = profile.provenance.get("kind", "estimated")
     _say(f"{run.label}: {fmt_seconds(m['step_s'])} per step (SIMULATED on the {kind} profile "

@@ -186,7 +186,7 @@ def _resolve_call(plan: Any, device: Any, legacy: tuple) -> tuple[Any, Any, Devi
     return spec, plan, device
 
 
-ISSUE_ORDERS = ("after-compute", "before-compute")
+from offload_lab.planning.options import ISSUE_ORDERS  # noqa: E402  (one list for every surface)
 
 
 def _check_issue(issue: Any, stage_threads: Any) -> None:

@@ -47,7 +47,7 @@ class CopyTicket:
     own_stream: bool = False  # device buffers allocated on the copy stream (cuda, after-compute)
 
 
-ISSUE_ORDERS = ("after-compute", "before-compute")
+from offload_lab.planning.options import ISSUE_ORDERS  # noqa: E402, F401  (one list for every surface; the manager imports it here)
 
 
 class _Stagers:
