@@ -212,7 +212,9 @@ class Plan:
         led = self.ledger
         tiers = ", ".join(f"{n} {k}" for k, n in t.items() if n)
         fit = "fits" if led["fits"] else "DOES NOT FIT"
-        return (f"{len(self.layers)} layers: {tiers}; pinned {format_bytes(led['pinned_bytes'])} "
+        staging = (f" + {format_bytes(led['staging_bytes'])} staging buffers"
+                   if led.get("staging_bytes") else "")
+        return (f"{len(self.layers)} layers: {tiers}; pinned {format_bytes(led['pinned_bytes'])}{staging} "
                 f"of budget {format_bytes(led['budget'])}; net new anonymous "
                 f"{format_bytes(led['net_anonymous_bytes'])}; {fit}")
 
