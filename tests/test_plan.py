@@ -752,7 +752,7 @@ def test_plan_invariants(case):
         if had_pin:
             assert r.bytes <= left
             left -= r.bytes
-        elif r.streamed:
+        elif r.streamed and kwargs["tier"] is None:  # a forced tier pins no streamed layer
             assert r.bytes > left, (name, r.reason)
     # the ledger's net new bytes are exactly the mapped bytes copied into stores
     cost = sum(r.mapped_bytes for r in df.itertuples(index=False)

@@ -174,7 +174,7 @@ def test_comparison_pinned_vs_pageable(ex):
     pinned, pageable = ex.runs[1:]
     assert set(pinned.layers["tier"]) == {"pinned"} and set(pageable.layers["tier"]) == {"pageable"}
     # the default after-compute issue order can hide pageable copies: never faster than pinned
-    assert pageable.step_time >= pinned.step_time
+    assert pageable.step_time >= pinned.step_time * (1 - 1e-12)
     assert ex.tier.value == "auto"  # the forced tier was only for the comparison
     bars = ex.figures["step_times"].data[0]
     assert len(bars.x) == 3 and all("simulated" in y for y in bars.y)
