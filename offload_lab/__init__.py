@@ -30,6 +30,7 @@ _EXPORTS = {
     "parse_size": "units", "format_bytes": "units",
     "HostMemory": "planning.hostmem", "is_file_backed": "planning.hostmem",
     "Plan": "planning.planner", "plan": "planning.planner", "plan_pipeline": "planning.pipeline",
+    "staging_buffers": "planning.grants",
     "Component": "planning.pipeline", "PlanError": "planning.errors",
     "Run": "record.run",
     "OffloadManager": "record.runtime", "offload": "record.runtime", "profile": "record.runtime",

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     d["tflops"] = round(tflops, 1)
     d["hook_s"] = round(host.hook_s, 7)
     d["step_head_s"] = round(host.step_head_s, 6)
+    # no staged run on this machine yet: a pageable copy is the driver's own host memcpy into
+    # pinned buffers plus a DMA, so one thread's memcpy is at least the pageable rate
+    d["host_memcpy_gbps"] = d.get("host_memcpy_gbps") or bw["pageable"]
+    d["host_memcpy_max_gbps"] = d.get("host_memcpy_max_gbps")
     for k in ("launch_s", "issue_s", "copy_latency_s", "step_tail_s"):
         d[k] = 0.0  # folded into hook_s by the calibration
     d["provenance"] = {
@@ -76,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             "memory_bytes: torch.cuda.get_device_properties().total_memory recorded in '14B pinned p1' "
             "(NVIDIA's H200 datasheet, nvidia.com/en-us/data-center/h200, gives 141 GB HBM3e)",
         ],
-        "not_measured": ["mapped_cold: kept from the estimate (pages were in the page cache in every run)"],
+        "not_measured": ["mapped_cold: kept from the estimate (pages were in the page cache in every run)",
+                         "host_memcpy_gbps: no staged run yet; set to the measured pageable rate, a lower "
+                         "bound (the driver's pageable path is a host memcpy into pinned buffers plus a DMA); "
+                         "host_memcpy_max_gbps: unknown (no ceiling)"],
         "command": "scripts/calibrate_h200.py (runs from: PYTHONPATH=. python3 scripts/gpu_check.py --out DIR)",
     }
     d["notes"] = ("Measured on one NVIDIA H200 cloud machine with scripts/gpu_check.py; pageable and mapped copies are "

@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def fast_build(spec, dev, seed: int = 0, **kw):
@@ -278,10 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
     ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks",
-                                        "pipeline"),
+                                        "pipeline", "staged"),
                     default="all",
                     help="main: smoke + measured runs; smoke: only the correctness checks; "
                          "ranks: the multi-rank checks (nccl gather, host staging bandwidth; about a minute); "
+                         "staged: pinned vs pageable (both issue orders) vs staged vs a quarter pinned + staged, "
+                         "1.3B and 14B, about 3 minutes; "
                          "extras: the torch.profiler trace check; "
                          "recommend: recommend() then confirm() on cuda, predicted vs measured step and "
                          "device peak (about a minute); "
@@ -376,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         run_stage(out, log=lambda m: print(m, flush=True))
         if args.stage == "ranks":
             return 0
+    if args.stage == "staged":
+        from gpu_staged import staged_stage
+
+        staged_stage(dev, out, runs_dir, fast_build, tokens=args.tokens, steps=args.steps, warmup=args.warmup,
+                     budget_s=min(args.budget_s, 170.0), log=lambda m: print(m, flush=True))
+        bundle()
+        return 0
     if args.stage in ("all", "diffusers"):
         try:
             import diffusers  # noqa: F401

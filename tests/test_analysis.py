@@ -42,7 +42,7 @@ def simulated() -> list[Run]:
         plans = {"pinned": offload_lab.plan(spec, tier="pinned", host=HOST),
                  "pageable": offload_lab.plan(spec, tier="pageable", host=HOST),
                  "8GiB": offload_lab.plan(spec, pin_budget="8GiB", host=HOST)}
-    return [offload_lab.simulate(p, "h200", steps=3, label=name) for name, p in plans.items()]
+    return [offload_lab.simulate(p, "h200", steps=3, label=name, issue="before-compute") for name, p in plans.items()]
 
 
 def test_compare_one_row_per_run_with_ratio_to_first(measured, simulated):

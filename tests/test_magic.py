@@ -258,7 +258,7 @@ def test_ctrl_c_stops_cleanly_and_restores_the_model(results):
     ("undefined_model", ["not_defined_anywhere"]),
     ("not_a_module", ["'inputs'", "dict", "torch.nn.Module"]),
     ("bad_tier", ["fast"]),
-    ("bad_compare", ["fast", "pinned, pageable, mapped"]),
+    ("bad_compare", ["fast", "pinned, staged, pageable, mapped"]),
     ("tier_and_compare", ["--tier", "--tiers", "--compare"]),
     ("mapped_without_views", ["mapped", "checkpoint view"]),
     ("bad_budget", ["lots"]),

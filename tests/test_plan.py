@@ -523,7 +523,8 @@ def test_params_are_the_arguments_to_rerun_the_plan():
     spec = make_spec([MiB] * 4)
     p = plan(spec, pin_budget="2MiB", resident=(1,), order=("blocks.3",), host=BIG)
     assert p.params == {"pin_budget": 2 * MiB, "resident": [1], "residency": "leading",
-                        "order": ["blocks.3"], "prefetch": 1, "tier": None}
+                        "order": ["blocks.3"], "prefetch": 1, "tier": None,
+                        "staging": False}
     again = plan(spec, **p.params, host=p.host)
     assert again.layers.equals(p.layers)
 
@@ -628,7 +629,7 @@ def test_bad_pin_budgets(budget, words):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"tier": "fast"}, ["tier 'fast'", "'pinned', 'pageable', 'mapped'"]),
+    ({"tier": "fast"}, ["tier 'fast'", "'pinned', 'staged', 'pageable', 'mapped'"]),
     ({"tier": "resident"}, ["resident=", "'pinned'"]),
     ({"order": "random"}, ["order 'random'", "'execution', 'reverse', 'largest', 'strided'", "['blocks.3']"]),
     ({"order": 3}, ["order 3", "list of layer ids"]),
@@ -700,6 +701,8 @@ def scenarios(draw):
         "residency": draw(st.sampled_from(["leading", "strided"])),
         "order": draw(st.sampled_from(ORDERS)),
         "prefetch": draw(st.integers(0, 3)),
+        "staging": draw(st.booleans()),
+        "tier": draw(st.sampled_from([None, None, "staged"])),
     }
     headroom = draw(st.integers(-total // 4, total))
     return spec, kwargs, host_with(headroom)
@@ -718,6 +721,20 @@ def test_plan_invariants(case):
     pinned = df[df["pin_rank"].notna()]
     assert led["pinned_bytes"] == int(pinned["bytes"].sum()) <= led["budget"] <= host.spendable
     assert pinned["pin_rank"].is_unique
+    # staging: K = prefetch + 1 (at most the staged layers) buffers of the largest staged layer
+    # per group, and layer pins plus staging buffers never exceed the budget
+    want = {}
+    for g in spec.group_names:
+        staged = df[(df["group"] == g) & (df["tier"] == "staged")]
+        if len(staged):
+            want[g] = {"buffers": min(p.prefetch + 1, len(staged)), "buffer_bytes": int(staged["bytes"].max())}
+    assert led["staging"] == want
+    assert led["staging_bytes"] == sum(w["buffers"] * w["buffer_bytes"] for w in want.values())
+    assert led["pinned_bytes"] + led["staging_bytes"] <= led["budget"]
+    if not (kwargs["staging"] or kwargs["tier"] == "staged"):
+        assert not want
+    if kwargs["tier"] == "staged":
+        assert pinned.empty
     # resident layers are never streamed, and every streamed layer is off the device
     assert ((df["tier"] == "resident") == ~df["streamed"]).all()
     for g in spec.group_names:
@@ -725,17 +742,21 @@ def test_plan_invariants(case):
     # first fit: every streamed layer that did not get a pin was larger than what was left
     by_name = {f"{r.group}.{r.layer}": r for r in df.itertuples(index=False)}
     left = led["budget"]
+    for g in spec.group_names:  # staging was set aside first: K buffers of the largest streamed layer
+        rows = df[(df["group"] == g) & df["streamed"]]
+        if ((rows["tier"] == "staged") | rows["reason"].str.contains("staging buffers given back")).any():
+            left -= min(p.prefetch + 1, len(rows)) * int(rows["bytes"].max())
     for name in p.grant_order:
         r = by_name[name]
         had_pin = not _is_na(r.pin_rank) or "pin given back" in r.reason
         if had_pin:
             assert r.bytes <= left
             left -= r.bytes
-        elif r.streamed:
+        elif r.streamed and kwargs["tier"] is None:  # a forced tier pins no streamed layer
             assert r.bytes > left, (name, r.reason)
     # the ledger's net new bytes are exactly the mapped bytes copied into stores
     cost = sum(r.mapped_bytes for r in df.itertuples(index=False)
-               if not _is_na(r.pin_rank) or r.tier == "pageable")
+               if not _is_na(r.pin_rank) or r.tier == "pageable") + led["staging_bytes"]
     assert led["net_anonymous_bytes"] == cost
     assert led["fits"] == (cost <= host.headroom)
     if not led["fits"]:

@@ -194,7 +194,7 @@ def test_bad_steps_and_missing_compute():
 # -- the runtime's semantics, on a GPU-like (async) profile ------------------------------------------
 def test_prefetch_0_serialises_copy_and_compute():
     spec = toy()
-    run = simulate(plan_of(spec, tier="pinned", prefetch=0), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=0), prof(), steps=3, issue="before-compute")
     assert run.steps["wall_s"].tolist() == pytest.approx([0.012] * 3)
     assert run.steps["overlap"].tolist() == pytest.approx([0.0] * 3)
 
@@ -220,7 +220,7 @@ def test_copy_bound_prefetch_shows_waits():
 
 def test_copy_waits_for_compute_launched_before_it_was_issued():
     spec = toy()
-    run = simulate(plan_of(spec, tier="pinned", prefetch=2), prof(), steps=2)
+    run = simulate(plan_of(spec, tier="pinned", prefetch=2), prof(), steps=2, issue="before-compute")
     ev = run.events[run.events["step"] == 1]
     comp = ev[ev["kind"] == "compute"].set_index("layer")
     copies = ev[ev["kind"] == "copy"].set_index("layer")
@@ -232,14 +232,14 @@ def test_copy_waits_for_compute_launched_before_it_was_issued():
 
 def test_pageable_blocks_the_host_and_loses_overlap():
     spec = toy()
-    run = simulate(plan_of(spec, tier="pageable", prefetch=1), prof(), steps=3)
+    run = simulate(plan_of(spec, tier="pageable", prefetch=1), prof(), steps=3, issue="before-compute")
     blocks, copies = rows(run, "host_block"), rows(run, "copy")
     assert len(blocks) == len(copies) == 12
     assert (blocks["stream"] == "host").all()
     assert np.allclose(blocks["end_s"].to_numpy(), copies["end_s"].to_numpy())
     assert run.steps["overlap"].tolist() == pytest.approx([0.0] * 3)
     assert run.steps["wall_s"].tolist() == pytest.approx([0.012] * 3)
-    free = simulate(plan_of(spec, tier="pageable", prefetch=1), prof(pageable_blocks_host=False), steps=3)
+    free = simulate(plan_of(spec, tier="pageable", prefetch=1), prof(pageable_blocks_host=False), steps=3, issue="before-compute")
     assert free.step_time == pytest.approx(0.008)
 
 
@@ -364,10 +364,10 @@ def test_flops_compute_model_and_token_scaling():
 def test_sync_mode_host_runs_compute_and_engine_copies_share_the_processor():
     spec = toy()
     pinned, pageable = plan_of(spec, tier="pinned", prefetch=1), plan_of(spec, tier="pageable", prefetch=1)
-    apart = simulate(pinned, prof("sync", contention=0.0), steps=3)
-    even = simulate(pinned, prof("sync", contention=1.0, copy_priority=0.5), steps=3)
-    copy_first = simulate(pinned, prof("sync", contention=1.0, copy_priority=1.0), steps=3)
-    blocking = simulate(pageable, prof("sync", contention=1.0), steps=3)
+    apart = simulate(pinned, prof("sync", contention=0.0), steps=3, issue="before-compute")
+    even = simulate(pinned, prof("sync", contention=1.0, copy_priority=0.5), steps=3, issue="before-compute")
+    copy_first = simulate(pinned, prof("sync", contention=1.0, copy_priority=1.0), steps=3, issue="before-compute")
+    blocking = simulate(pageable, prof("sync", contention=1.0), steps=3, issue="before-compute")
     assert apart.step_time == pytest.approx(0.008)   # copies fully beside compute
     # taking turns: overlapping saves nothing, pinned = pageable = copies + computes
     assert even.step_time == pytest.approx(0.012)
@@ -422,7 +422,7 @@ def test_calibrate_on_a_two_pass_step_reproduces_it_with_two_passes():
 def test_calibrate_fits_contention_from_runs_with_and_without_overlap():
     spec = toy()
     truth = prof("sync", contention=0.6, copy_priority=0.75, hook_s=2e-4)
-    runs = [simulate(plan_of(spec, tier="pinned", prefetch=p), truth, steps=5) for p in (0, 1)]
+    runs = [simulate(plan_of(spec, tier="pinned", prefetch=p), truth, steps=5, issue="before-compute") for p in (0, 1)]
     fit = calibrate(runs, match_steps=False)
     assert fit.compute_mode == "sync" and fit.provenance["contention"] == "fitted"
     assert fit.contention == pytest.approx(0.6, abs=0.03)
@@ -468,7 +468,7 @@ def measured():
 
 
 def _predict(profile: DeviceProfile, plan: Plan, steps: int) -> float:
-    return simulate(plan, profile, steps=steps).step_time
+    return simulate(plan, profile, steps=steps, issue="before-compute").step_time
 
 
 def test_fixtures_are_measured_cpu_runs_and_small(measured):
@@ -502,7 +502,7 @@ def test_plan_rebuilt_from_a_run_simulates_like_the_plan(measured):
     run = runs["mixed-p1"]
     p = calibrate(run)
     spec, plan = sim.plan_of_run(run)
-    assert simulate(plan, p, steps=4).step_time == pytest.approx(_predict(p, plans["mixed-p1"], 4))
+    assert simulate(plan, p, steps=4, issue="before-compute").step_time == pytest.approx(_predict(p, plans["mixed-p1"], 4))
     assert plan.streamed_layers("blocks") == plans["mixed-p1"].streamed_layers("blocks")
 
 
@@ -541,8 +541,8 @@ def test_wan21_pinned_vs_pageable_ratio_is_reproduced_and_labelled_simulated():
         hook_s=30e-6, launch_s=150e-6, issue_s=10e-6, step_head_s=0.002,
         provenance={"kind": "estimated", "sources": ["stated in this test to reproduce 1.03 s vs 1.90 s"]})
     host = ol.HostMemory(available="256GiB")
-    pinned = simulate(ol.plan(spec, tier="pinned", host=host), stated, steps=3)
-    pageable = simulate(ol.plan(spec, tier="pageable", host=host), stated, steps=3)
+    pinned = simulate(ol.plan(spec, tier="pinned", host=host), stated, steps=3, issue="before-compute")
+    pageable = simulate(ol.plan(spec, tier="pageable", host=host), stated, steps=3, issue="before-compute")
     assert pinned.step_time == pytest.approx(1.03, rel=0.03)
     assert pageable.step_time == pytest.approx(1.90, rel=0.03)
     assert pageable.step_time / pinned.step_time == pytest.approx(1.84, rel=0.03)

@@ -59,7 +59,7 @@ def test_budget_slider_top_means_everything_the_host_can_spend(ex):
 def test_budget_slider_sets_the_pin_budget(ex):
     ex.budget.value = 8.0
     assert ex.pin_budget() == 8 * GIB
-    assert ex.plan.tier_counts == {"resident": 0, "pinned": 12, "pageable": 28, "mapped": 0}
+    assert ex.plan.tier_counts == {"resident": 0, "pinned": 12, "staged": 0, "pageable": 28, "mapped": 0}
     assert ex.plan.layers.equals(direct_plan(ex).layers)
     assert ex.plan.ledger["budget"] == 8 * GIB
 
@@ -174,7 +174,8 @@ def test_comparison_pinned_vs_pageable(ex):
     assert len(ex.runs) == 3
     pinned, pageable = ex.runs[1:]
     assert set(pinned.layers["tier"]) == {"pinned"} and set(pageable.layers["tier"]) == {"pageable"}
-    assert pageable.step_time > pinned.step_time
+    # the default after-compute issue order can hide pageable copies: never faster than pinned
+    assert pageable.step_time >= pinned.step_time * (1 - 1e-12)
     assert ex.tier.value == "auto"  # the forced tier was only for the comparison
     bars = ex.figures["step_times"].data[0]
     assert len(bars.x) == 3 and all("simulated" in y for y in bars.y)

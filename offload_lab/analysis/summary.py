@@ -23,7 +23,7 @@ import pandas as pd
 from offload_lab.record.run import TIERS, Run
 
 BANDWIDTH_COLUMNS = ["tier", "copies", "bytes", "copy_s", "gbps", "best_gbps"]
-_COPY_TIERS = ("pinned", "pageable", "mapped", "resident", "unknown")
+_COPY_TIERS = ("pinned", "staged", "pageable", "mapped", "resident", "unknown")
 
 
 class AnalysisError(ValueError):

@@ -264,7 +264,8 @@ def _profile_here(args: argparse.Namespace, backend: str, out: Path, report_out:
     bar.stage(f"profiling on {backend}")
     run = profile(model, lambda: model(**inputs), p, steps=steps, warmup=args.warmup, backend=backend,
                   device=device if ranks is not None else None, init=args.init, label=args.label,
-                  progress=bar.steps(f"profiling on {backend}"), gather=ranks is not None)
+                  progress=bar.steps(f"profiling on {backend}"), gather=ranks is not None,
+                  issue=args.issue)
     bar.close()
     if run is None:  # another rank than 0: rank 0 holds the gathered run
         return 0
@@ -321,7 +322,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for w in p.warnings:
         _say(f"warning: {_one_line(w)}")
     run = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, label=args.label,
-                   warmup=args.warmup, passes=args.passes, ranks_per_node=k)
+                   warmup=args.warmup, passes=args.passes, ranks_per_node=k,
+                   issue=args.issue)
     if k > 1:
         from offload_lab.analysis.ranks import slowest_rank_run
 

@@ -361,7 +361,7 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
 
         >>> ex = PlanExplorer("wan2.1-t2v-14b", host="64GiB", live=False)
         >>> pinned, pageable = ex.compare_tiers(("pinned", "pageable"))
-        >>> pageable.step_time > pinned.step_time, len(ex.runs)
+        >>> pageable.step_time >= pinned.step_time * (1 - 1e-9), len(ex.runs)  # hidden at best
         (True, 2)
         """
         bad = [t for t in tiers if t not in FORCED_TIERS]

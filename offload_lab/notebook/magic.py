@@ -445,7 +445,7 @@ class OffloadMagics(Magics):
                 label = f"{label} · {tier}"
             try:
                 runs.append(profile(model, step, p, steps=args.steps, warmup=args.warmup,
-                                    backend=args.backend, init=args.init, label=label,
+                                    backend=args.backend, init=args.init, label=label, issue=args.issue,
                                     progress=lambda k, n, done=done: done.__setitem__(0, k),
                                     requests=args.steps))
             except KeyboardInterrupt as e:

@@ -9,7 +9,7 @@ net-anonymous fit check that demotes copies and gives back pins (the rules are i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from offload_lab.model.spec import LayerSpec, ModelSpec
@@ -18,7 +18,7 @@ from offload_lab.planning.options import FORCED_TIERS, RESIDENCIES
 from offload_lab.planning.placement import resident_sets, streamed_order
 from offload_lab.units import SizeError, format_bytes, parse_size
 
-__all__ = ["STORE_ALIGNMENT", "store_bytes"]
+__all__ = ["STORE_ALIGNMENT", "store_bytes", "staging_buffers"]
 
 STORE_ALIGNMENT = 256  # bytes; each tensor slice of a packed store starts on this boundary
 _OVER = "host would exceed available − reserve"
@@ -64,7 +64,7 @@ def _check_tier(tier: Any) -> str | None:
     if tier == "resident":
         raise PlanError(
             "tier 'resident' cannot be forced; keep layers on the device with resident=... "
-            "(a count, a fraction or layer ids); tier accepts 'pinned', 'pageable', 'mapped' or None"
+            "(a count, a fraction or layer ids); tier accepts 'pinned', 'staged', 'pageable', 'mapped' or None"
         )
     return check_choice(tier, "tier", FORCED_TIERS, " (or None for the planner's choice)")
 
@@ -104,11 +104,18 @@ class _Unit:
     init_order: list[str]
     rows: list[_Row]  # in spec order
     grant_order: list[_Row]
+    use_staging: bool = False
+    #: per group: (staging buffers, bytes each) once the grants are made
+    staging: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(k * b for k, b in self.staging.values())
 
 
 def _build_unit(
     name: str, spec: ModelSpec, resident: Any, residency: str, order: Any, prefetch: int,
-    tier: Any,
+    tier: Any, staging: Any = False,
 ) -> _Unit:
     if not isinstance(spec, ModelSpec):
         raise PlanError(f"spec {spec!r} is not a ModelSpec; build one with spec_of(), "
@@ -118,6 +125,9 @@ def _build_unit(
     check_choice(residency, "residency", RESIDENCIES)
     prefetch = _check_prefetch(prefetch)
     tier = _check_tier(tier)
+    if not isinstance(staging, bool):
+        raise PlanError(f"staging {staging!r} is not a bool; expected True (unpinned streamed layers go "
+                        f"through pinned staging buffers when they fit) or False")
     sets = resident_sets(spec, resident, residency)
     # init order: largest group first; sorted() is stable so equal groups keep declared order
     init_order = [g.name for g in sorted(spec.groups, key=lambda g: -g.bytes)]
@@ -146,9 +156,10 @@ def _build_unit(
             )
     params = {
         "resident": _jsonable(resident), "residency": residency, "order": _jsonable(order),
-        "prefetch": prefetch, "tier": tier,
+        "prefetch": prefetch, "tier": tier, "staging": staging or tier == "staged",
     }
-    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant)
+    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant,
+                 use_staging=staging or tier == "staged")
 
 
 def _jsonable(value: Any) -> Any:
@@ -168,13 +179,91 @@ class _Outcome:
     pinned: int
     net: int
     fits: bool
+    staging: int = 0
+    staging_groups: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def staging_buffers(prefetch: int, layer_bytes: list[int]) -> tuple[int, int]:
+    """``(K, bytes each)`` of a group's staging buffers: K = prefetch + 1 (never more than the
+    staged layers), each the size of the largest staged layer.
+
+    >>> staging_buffers(1, [5, 9, 7]), staging_buffers(3, [])
+    ((2, 9), (0, 0))
+    """
+    if not layer_bytes:
+        return 0, 0
+    return min(prefetch + 1, len(layer_bytes)), max(layer_bytes)
+
+
+def _reserve_staging(unit: _Unit, left: int) -> dict[str, int]:
+    """Pin budget set aside for each group's staging buffers before any layer is pinned.
+
+    A group stages when not all its streamed layers can have their own pin (or ``staged`` is
+    forced) and K buffers the size of its largest streamed layer fit what is left; the charge
+    is made exact once the grants say which layers are staged.
+    """
+    if not unit.use_staging or unit.tier not in (None, "staged"):
+        return {}
+    out: dict[str, int] = {}
+    if unit.tier is None and _unpinned(unit, left) <= unit.prefetch + 1:
+        # every streamed layer has a pin of its own, or too few are left without one for
+        # staging buffers (which would take their pins) to pay off
+        return out
+    for g in unit.init_order:
+        streamed = [r for r in unit.grant_order if r.group == g and r.streamed]
+        if not streamed:
+            continue
+        k, b = staging_buffers(unit.prefetch, [r.bytes for r in streamed])
+        if k * b <= left - sum(out.values()):
+            out[g] = k * b
+    return out
+
+
+def _unpinned(unit: _Unit, left: int) -> int:
+    """Streamed layers first fit leaves without a pin of their own."""
+    n = 0
+    for r in unit.grant_order:
+        if not r.streamed:
+            continue
+        if r.bytes <= left:
+            left -= r.bytes
+        else:
+            n += 1
+    return n
+
+
+def _settle_staging(unit: _Unit, reserved: dict[str, int]) -> int:
+    """Charge each group's staging at its exact size; returns the reserved bytes given back."""
+    back = 0
+    unit.staging = {}
+    for g, r in reserved.items():
+        k, b = staging_buffers(unit.prefetch, [x.bytes for x in unit.rows
+                                               if x.group == g and x.tier == "staged"])
+        back += r - k * b
+        if k:
+            unit.staging[g] = (k, b)
+            for x in unit.rows:
+                if x.group == g and x.tier == "staged":
+                    x.reason = (f"staged through {k} × {format_bytes(b)} pinned buffers"
+                                f"{x.reason[len('staged'):]}")
+    return back
 
 
 def _grant(unit: _Unit, left: int, rank: int) -> int:
     """First-fit pin grants down the unit's grant order; returns the last rank used."""
     forced = unit.tier
     note = f"; tier {forced!r} forced" if forced else ""
+    reserved = _reserve_staging(unit, left)
+    left -= sum(reserved.values())
     for row in unit.grant_order:
+        if row.streamed and forced == "staged":
+            if row.group in reserved:
+                row.tier, row.reason = "staged", "staged: forced by tier 'staged'"
+            else:
+                row.tier = "pageable"
+                row.reason = (f"pageable: tier 'staged' forced, but the staging buffers do not fit "
+                              f"the {format_bytes(left)} left of the pin budget")
+            continue
         if row.streamed and forced == "pageable":
             row.tier, row.reason = "pageable", "pageable: forced by tier 'pageable'"
             continue
@@ -188,7 +277,7 @@ def _grant(unit: _Unit, left: int, rank: int) -> int:
         if not row.streamed:
             row.tier = "resident"
             base = f"resident: {row.how}"
-            if forced in ("pageable", "mapped"):
+            if forced in ("pageable", "mapped", "staged"):
                 row.reason = base  # a no-pin comparison pins nothing, resident copies included
             elif row.bytes <= left:
                 rank += 1
@@ -206,11 +295,16 @@ def _grant(unit: _Unit, left: int, rank: int) -> int:
             row.reason = (f"pinned: rank {rank}, {format_bytes(row.bytes)} of "
                           f"{format_bytes(left)} left{note}")
             left -= row.bytes
+        elif row.group in reserved:
+            row.tier = "staged"
+            row.reason = (f"staged: {format_bytes(row.bytes)} > {format_bytes(left)} left of the pin "
+                          f"budget{note}")
         else:
             # first fit: keep walking, a later, smaller layer may still fit what is left
             row.tier = "pageable"
             row.reason = (f"pageable: {format_bytes(row.bytes)} > {format_bytes(left)} left "
                           f"of the pin budget{note}")
+    _settle_staging(unit, reserved)
     return rank
 
 
@@ -220,7 +314,8 @@ def _fit(unit: _Unit, headroom: int) -> tuple[int, str | None]:
     Returns ``(net new bytes, why it does not fit or None)``.
     """
     order = unit.grant_order
-    net = sum(r.cost for r in order)
+    # staging buffers are new anonymous memory; a staged layer is read from its originals
+    net = sum(r.cost for r in order) + unit.staging_bytes
     over = f"{_OVER} ({format_bytes(max(headroom, 0))} spendable)"
     # 1. pageable copies of checkpoint views go back to their mapping, least valuable
     # (latest in the grant order) first, and only as many as needed: a pageable copy cannot
@@ -232,7 +327,17 @@ def _fit(unit: _Unit, headroom: int) -> tuple[int, str | None]:
             row.tier = "mapped"
             row.reason = f"mapped: demoted from pageable, {over}"
             net -= row.mapped
-    # 2. then pins, from the tail of the pin order; giving back a pin of anonymous originals
+    # 2. then staging buffers: their layers stay where they are (mapped, or pageable originals)
+    for g in sorted(unit.staging, key=lambda g: -unit.staging[g][0] * unit.staging[g][1]):
+        if net <= headroom:
+            break
+        k, b = unit.staging.pop(g)
+        net -= k * b
+        for row in order:
+            if row.group == g and row.tier == "staged":
+                row.tier = "mapped" if row.mapped else "pageable"
+                row.reason = f"{row.tier}: staging buffers given back, {over}"
+    # 3. then pins, from the tail of the pin order; giving back a pin of anonymous originals
     # saves nothing (its store replaced them), so such pins are kept
     for row in sorted((r for r in order if r.pin_rank is not None), key=lambda r: -r.pin_rank):
         if net <= headroom:
@@ -272,8 +377,10 @@ def _solve(units: list[_Unit], budget: int, headroom: int) -> tuple[list[_Outcom
         rank = _grant(unit, budget, rank)
         net, why = _fit(unit, headroom)
         pinned = sum(r.bytes for r in unit.rows if r.pin_rank is not None)
-        outcomes.append(_Outcome(budget, headroom, pinned, net, why is None))
-        budget -= pinned
+        staging = unit.staging_bytes
+        outcomes.append(_Outcome(budget, headroom, pinned, net, why is None, staging,
+                                 dict(unit.staging)))
+        budget -= pinned + staging
         headroom -= net
         prefix = f"{unit.name}: " if len(units) > 1 else ""
         if why is not None:

@@ -22,15 +22,18 @@ from typing import Any
 from offload_lab.units import SizeError, parse_size
 
 __all__ = [
-    "TIERS", "FORCED_TIERS", "ORDERS", "RESIDENCIES", "STRATEGIES", "BACKENDS",
+    "TIERS", "FORCED_TIERS", "ORDERS", "ISSUE_ORDERS", "RESIDENCIES", "STRATEGIES", "BACKENDS",
     "MAX_STEPS", "MAX_TOKENS", "MAX_PASSES", "MAX_PREFETCH", "MAX_LAYERS", "OptionError",
     "parse_budget", "parse_count", "parse_tokens", "parse_resident", "parse_order",
     "parse_tiers", "parse_choice", "argparse_type", "add_plan_arguments", "add_run_arguments", "plan_kwargs",
 ]
 
-TIERS = ("resident", "pinned", "pageable", "mapped")
-FORCED_TIERS = ("pinned", "pageable", "mapped")
+TIERS = ("resident", "pinned", "staged", "pageable", "mapped")
+FORCED_TIERS = ("pinned", "staged", "pageable", "mapped")
 ORDERS = ("execution", "reverse", "largest", "strided")
+#: when the runtime issues copies that block the host: behind the running block's kernels, or
+#: from the pre-hook after the copy stream waits for all queued compute (other runtimes' way)
+ISSUE_ORDERS = ("after-compute", "before-compute")
 RESIDENCIES = ("leading", "strided")
 STRATEGIES = ("grouped", "naive")
 BACKENDS = ("auto", "cuda", "cpu")
@@ -242,6 +245,9 @@ def add_plan_arguments(parser: Any, host_help: str | None = "default: probe this
     g.add_argument("--tier", type=argparse_type(parse_choice, "tier", "tier", FORCED_TIERS), default=None,
                    metavar="|".join(FORCED_TIERS),
                    help="force every streamed layer into one tier (default: the planner's choice)")
+    g.add_argument("--staging", action="store_true",
+                   help="layers without a pin of their own go through prefetch+1 pinned staging buffers "
+                        "per group when those fit the pin budget (tier staged)")
     return g
 
 
@@ -267,6 +273,10 @@ def add_run_arguments(parser: Any, steps_default: int | None = None, backend: bo
         g.add_argument("--backend", type=argparse_type(parse_choice, "backend", "backend", BACKENDS),
                        default="auto", metavar="|".join(BACKENDS),
                        help="cuda when a GPU is there, else cpu (default auto)")
+    g.add_argument("--issue", type=argparse_type(parse_choice, "issue", "issue", ISSUE_ORDERS),
+                   default="after-compute", metavar="|".join(ISSUE_ORDERS),
+                   help="when copies that block the host are issued: behind the running block's kernels, "
+                        "or before them as other runtimes do (default after-compute)")
     return g
 
 
@@ -278,4 +288,5 @@ def plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     'pinned'
     """
     return {"pin_budget": args.pin_budget, "resident": args.resident, "residency": args.residency,
-            "order": args.order, "prefetch": args.prefetch, "tier": args.tier}
+            "order": args.order, "prefetch": args.prefetch, "tier": args.tier,
+            "staging": bool(getattr(args, "staging", False))}

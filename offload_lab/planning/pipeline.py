@@ -55,6 +55,7 @@ class Component:
     order: Any = "execution"
     prefetch: int = 1
     tier: str | None = None
+    staging: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -204,7 +205,7 @@ def plan_pipeline(
 
     device_memory = parse_device_memory(device_memory)
     units = [
-        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier)
+        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier, c.staging)
         for c in ranked
     ]
     host = _resolve_host(host)
@@ -233,6 +234,7 @@ def plan_pipeline(
         "net_anonymous_bytes": sum(o.net for o in outcomes),
         "fits": all(o.fits for o in outcomes), "headroom": host.headroom,
         **_pipeline_device(list(plans.values()), device_memory),
+        "staging_bytes": sum(o.staging for o in outcomes),
     }
     if not ledger["device_fits"]:
         from offload_lab.planning.device import misfit_note

@@ -222,12 +222,14 @@ class Plan:
         led = self.ledger
         tiers = ", ".join(f"{n} {k}" for k, n in t.items() if n)
         fit = "fits" if led["fits"] else "DOES NOT FIT"
+        staging = (f" + {format_bytes(led['staging_bytes'])} staging buffers"
+                   if led.get("staging_bytes") else "")
         dev = ""
         if led.get("device_memory") is not None:
             dev = (f"; device peak {format_bytes(led['device_peak_bytes'])} (estimate) of "
                    f"{format_bytes(led['device_memory'])}, "
                    f"{'fits' if led['device_fits'] else 'DOES NOT FIT the device'}")
-        return (f"{len(self.layers)} layers: {tiers}; pinned {format_bytes(led['pinned_bytes'])} "
+        return (f"{len(self.layers)} layers: {tiers}; pinned {format_bytes(led['pinned_bytes'])}{staging} "
                 f"of budget {format_bytes(led['budget'])}; net new anonymous "
                 f"{format_bytes(led['net_anonymous_bytes'])}; {fit}{dev}")
 
@@ -356,7 +358,8 @@ def _ledger(host: HostMemory, out: _Outcome) -> dict[str, Any]:
     ledger = {
         "available": host.available, "reserve": host.reserve, "spendable": host.spendable,
         "budget": out.budget, "pinned_bytes": out.pinned, "net_anonymous_bytes": out.net,
-        "fits": out.fits, "headroom": out.headroom,
+        "fits": out.fits, "headroom": out.headroom, "staging_bytes": out.staging,
+        "staging": {g: {"buffers": k, "buffer_bytes": b} for g, (k, b) in out.staging_groups.items()},
     }
     if host.ranks > 1:  # this rank's share of a node that several ranks plan against
         ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
@@ -376,6 +379,7 @@ def plan(
     order: str | Sequence[int | str] = "execution",
     prefetch: int = 1,
     tier: str | None = None,
+    staging: bool = False,
     host: HostMemory | dict | str | int | None = None,
     device_memory: int | str | None = None,
     tokens: int | str | None = None,
@@ -397,6 +401,12 @@ def plan(
       subject to the budget and the fit check (layers that cannot take it say why, and a
       :class:`PlanWarning` counts them). With a forced ``pageable`` or ``mapped`` tier resident
       layers' host copies are not pinned either.
+    - ``staging``: layers that do not get a pin of their own are ``staged`` — moved through K
+      = prefetch + 1 pinned staging buffers per group, each the size of the group's largest
+      staged layer, charged to the pin budget and to net anonymous memory before any layer is
+      pinned — when those buffers fit and more than K streamed layers would go without a pin;
+      else they are pageable or mapped as without it. ``tier="staged"`` forces it for every
+      streamed layer (no layer is then pinned).
     - ``host``: a :class:`HostMemory` (``None`` probes this machine; ``"64GiB"`` is a
       hypothetical host with that much available).
     - ``device_memory``: the device's memory size (``"24GiB"``); the ledger always holds the
@@ -414,7 +424,7 @@ def plan(
     from offload_lab.planning.device import parse_device_memory
 
     unit = _build_unit(spec.name if isinstance(spec, ModelSpec) else "spec", spec, resident,
-                       residency, order, prefetch, tier)
+                       residency, order, prefetch, tier, staging)
     device_memory = parse_device_memory(device_memory)
     host = _resolve_host(host)
     budget, user, capped = _budget(host, pin_budget)

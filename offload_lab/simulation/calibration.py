@@ -86,6 +86,7 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
         step_head_s=float(np.median([g[1] for g in gaps])),
         dispatch_s=float(np.median(dispatch)) if sync and len(dispatch) else 0.0,
         wake_s=float(np.median(wake)) if sync and len(wake) else 0.0,
+        host_memcpy_gbps=_fit_host_memcpy(runs),
         pageable_blocks_host=("pageable" in block_tiers) if "pageable" in copy_tiers else True,
         mapped_blocks_host=("mapped" in block_tiers) if "mapped" in copy_tiers else True,
         compute_s=_fit_compute(cat, comp_d),
@@ -124,6 +125,20 @@ def _check_runs(run: Any, contention: Any, copy_priority: Any) -> tuple[list[Run
         raise SimError(f"copy_priority = {copy_priority!r} without contention; pass contention= too "
                        f"(a number in [0, 1]), or neither to fit both from the runs")
     return runs, backend, sync
+
+
+def _fit_host_memcpy(runs: list[Run]) -> float | None:
+    """One thread's host memcpy GB/s: the median of the ``stage`` rows' bytes / seconds, divided
+    by the threads that shared each memcpy (``meta["stage_threads"]``); None without stage rows.
+
+    The ceiling of several threads is not fitted from one thread count; it stays unknown.
+    """
+    rates = []
+    for r in runs:
+        st = r.events[(r.events["kind"] == "stage") & (r.events["dur_s"] > 0)]
+        threads = max(int(r.meta.get("stage_threads", 1) or 1), 1)
+        rates.extend((st["bytes"] / st["dur_s"] / 1e9 / threads).tolist())
+    return float(np.median(rates)) if rates else None
 
 
 def _gather(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,7 +193,8 @@ def _fit_bandwidths(cat: dict[str, Any], copy_d: np.ndarray) -> dict[str, float]
     nbytes = cat["copy_bytes"]
     gbps = nbytes / np.maximum(copy_d, 1e-12) / 1e9
     for tier in ("pinned", "pageable"):
-        sel = tiers == tier
+        # a staged layer's device copy reads a pinned staging buffer: it is a pinned copy
+        sel = (tiers == tier) | (tiers == "staged") if tier == "pinned" else tiers == tier
         if sel.any():
             bandwidths[tier] = float(np.median(gbps[sel]))
     msel = tiers == "mapped"
@@ -214,7 +230,8 @@ def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
 def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
     """``simulate(...).step_time`` without building the Run's frames (calibration loops on it)."""
     _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
-    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=False)
+    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=False,
+                               issue=getattr(plan, "issue", None) or "after-compute")
     kept = bounds.iloc[warmup:]
     return float((kept["end_s"] - kept["start_s"]).median())
 

@@ -11,7 +11,18 @@ acts (every resource is FIFO, so one pass in host order is an exact event simula
   on the compute stream has finished (the copy stream waits on the compute stream at issue);
   it lasts ``copy_latency_s + bytes / tier bandwidth``;
 * the **compute stream** runs each layer for its compute time, after the previous layer and
-  after the layer's copy (a ``wait`` row covers that gap).
+  after the layer's copy (a ``wait`` row covers that gap);
+* per group, a **stager** (``staged`` layers): one host memcpy at a time into one of K staging
+  buffers (K = prefetch + 1, at most the group's staged layers) at the profile's host memcpy
+  rate for ``stage_threads`` threads; a buffer is free again when the device copy that read it
+  ends; the device copy of a staged layer then runs at the ``pinned`` rate, and the host
+  thread waits for the memcpy before it launches that layer.
+
+``issue`` is the runtime's issue order: ``"before-compute"`` issues prefetches from the
+pre-hook and each copy first waits for everything launched on the compute stream;
+``"after-compute"`` (the default) issues them after the block's launch and copies wait for no
+compute (the allocator keeps a freed buffer until its last reader is done), so a copy that
+blocks the host overlaps the block just launched.
 
 It follows the runtime's semantics: per group,
 prefetch depth ``p`` (0 included, capped at ``len(S) - 1``) over the group's streamed layers
@@ -41,14 +52,14 @@ from __future__ import annotations
 import math
 import uuid
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import pandas as pd
 
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
-from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, WAIT, _Events
+from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, _Events
 from offload_lab.simulation.layers import _Layer, _prepare
 from offload_lab.simulation.profile import DeviceProfile, names
 
@@ -72,7 +83,8 @@ MAX_TOKENS = 100_000_000
 
 def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any, steps: int = 3,
              tokens: int | str | None = None, label: str | None = None, warmup: int = 0,
-             passes: int = 1, ranks_per_node: int = 1, node: Any = None) -> Run:
+             passes: int = 1, issue: str | None = None, stage_threads: int = 1,
+             ranks_per_node: int = 1, node: Any = None) -> Run:
     """Simulate ``steps`` steps of ``plan`` on ``device`` and return a simulated :class:`Run`.
 
     ``plan`` is a :class:`~offload_lab.Plan` (it carries its spec) or the plan that
@@ -86,6 +98,10 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     copies limited by their own links, pageable and mapped staging by the node's shared memory
     bus, ``node``: a :class:`~offload_lab.simulation.node.NodeProfile`, default an estimate) and
     returns them as one multi-rank run (:mod:`offload_lab.simulation.node`).
+    ``issue`` (``"after-compute"`` or ``"before-compute"``) and ``stage_threads`` are the
+    runtime's options of the same names (see :func:`~offload_lab.offload`); ``issue=None`` takes
+    the order of the run a plan was rebuilt from (:func:`plan_of_run`; runs recorded before
+    the option existed issued ``"before-compute"``), else ``"after-compute"``.
     The older form ``simulate(spec, plan, profile, ...)`` still works and warns.
 
     >>> import offload_lab
@@ -107,12 +123,17 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
                              warmup=warmup, passes=passes)
     spec, plan, profile = _resolve_call(plan, device, legacy)
     _check_bounds(spec, steps, passes, warmup, tokens)
-    layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens)
+    if issue is None:
+        issue = getattr(plan, "issue", None) or "after-compute"
+    _check_issue(issue, stage_threads)
+    layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens, stage_threads)
     run_id = f"sim-{uuid.uuid4().hex[:8]}"
-    events, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, passes, run=run_id)
+    events, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, passes, run=run_id,
+                                      issue=issue)
 
     tiers = Counter(lay.tier for lay in info.values())
-    tier_s = ", ".join(f"{tiers[t]} {t}" for t in ("resident", "pinned", "pageable", "mapped") if t in tiers)
+    tier_s = ", ".join(f"{tiers[t]} {t}" for t in ("resident", "pinned", "staged", "pageable", "mapped")
+                       if t in tiers)
     pf = sorted(set(prefetch.values()))
     auto = f"{profile.name} · {tier_s} · prefetch {pf[0] if len(pf) == 1 else pf}"
     label = auto if label is None else str(label)
@@ -140,6 +161,8 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
         "init_strategy": "grouped",
         "init": {"resident_layers": len(resident), "resident_bytes": sum(resident)},
         "profile": profile.to_dict(),
+        "issue": issue,
+        "stage_threads": stage_threads,
     }
     return Run.build(events, bounds, layers, memory=mem, meta=meta, warmup=warmup)
 
@@ -172,6 +195,16 @@ def _resolve_call(plan: Any, device: Any, legacy: tuple) -> tuple[Any, Any, Devi
         raise SimError(f"device {device!r:.80} is not a DeviceProfile; accepted: a DeviceProfile or a "
                        f"shipped name {names()}")
     return spec, plan, device
+
+
+from offload_lab.planning.options import ISSUE_ORDERS  # noqa: E402  (one list for every surface)
+
+
+def _check_issue(issue: Any, stage_threads: Any) -> None:
+    if issue not in ISSUE_ORDERS:
+        raise SimError(f"issue = {issue!r}; accepted: {', '.join(ISSUE_ORDERS)}")
+    if isinstance(stage_threads, bool) or not isinstance(stage_threads, int) or not 1 <= stage_threads <= 64:
+        raise SimError(f"stage_threads = {stage_threads!r}; accepted: an int in [1, 64]")
 
 
 def _check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) -> None:
@@ -218,6 +251,9 @@ class _Walk:
         self.issued = {g: -1 for g in self.groups}
         self.passes = passes
         self.seen_mapped: set[tuple[str, int]] = set()
+        # staging buffers per group, as the runtime sizes them: prefetch + 1, at most the staged layers
+        self.buffers = {g: min(prefetch[g] + 1, sum(lay.tier == "staged" for lay in self.seq[g]))
+                        for g in self.groups}
         # one forward: (group, layer info, position in S or -1, len(S), depth), groups in declared order
         self.order = []
         for g in spec.groups:
@@ -240,19 +276,21 @@ class _Walk:
 
 def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
                 info: dict[tuple[str, int], _Layer], prof: DeviceProfile, steps: int, passes: int,
-                run: str = "", frames: bool = True):
+                run: str = "", frames: bool = True, issue: str = "after-compute"):
     """``(events, bounds, memory)`` frames; with ``frames=False`` only the step bounds (the
     events and memory are None), which is all calibration's step matching reads."""
     walk = _Walk(spec, streamed, prefetch, info, passes)
     ev = _Events(list(info.values()))
     engine = _engine_sync if prof.compute_mode == "sync" else _engine_async
-    bounds = pd.DataFrame(engine(walk, prof, steps, ev), columns=["step", "start_s", "end_s"])
+    bounds = pd.DataFrame(engine(walk, prof, steps, ev, issue == "after-compute"),
+                          columns=["step", "start_s", "end_s"])
     if not frames:
         return None, bounds, None
     return ev.frame(steps, run, passes), bounds, ev.memory(spec)
 
 
-def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:
+def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
+                  after: bool = True) -> list[tuple[int, float, float]]:
     """A GPU: the host launches and runs ahead; one link; copies wait on the compute stream.
 
     The inner loop runs once per layer forward, so it is written for speed: one bound
@@ -266,6 +304,9 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
     link_free = 0.0    # the host link, shared by the groups' copy streams
     copy_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
     issued, seq, passes, seen = walk.issued, walk.seq, walk.passes, walk.seen_mapped
+    stager_free = {g: 0.0 for g in walk.groups}
+    held: dict[str, deque] = {g: deque() for g in walk.groups}  # device-copy ends of buffers in use
+    stage_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
 
     def issue_upto(g: str, last: int) -> None:
         nonlocal t, link_free
@@ -281,13 +322,25 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
                 dur = lay.copy_cold
             step = q // n  # the forward it serves (step × passes + pass)
             t += issue_s
-            # the copy stream first waits on the compute stream
-            start = t if t > link_free else link_free
-            if stream_free > start:
-                start = stream_free
+            lid = lay.lid
+            ready = t
+            if lay.stage:
+                # a free staging buffer (freed when its last device copy ends), then the memcpy
+                s0 = t if t > stager_free[g] else stager_free[g]
+                bufs = held[g]
+                if len(bufs) >= walk.buffers[g]:
+                    free_at = bufs.popleft()
+                    s0 = free_at if free_at > s0 else s0
+                ready = stager_free[g] = s0 + lay.stage
+                stage_end[g][q] = ready
+                row((step, lid, STAGE, s0, ready))
+            start = ready if ready > link_free else link_free
+            if not after and stream_free > start:
+                start = stream_free  # before-compute: the copy stream waits on all queued compute
             end = link_free = start + dur
             ends[q] = end
-            lid = lay.lid
+            if lay.stage:
+                held[g].append(end)
             row((step, lid, COPY, start, end))
             moved((start, lay.nbytes))
             if lay.blocks:
@@ -312,10 +365,16 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
                 begin = ready = t if t > stream_free else stream_free
                 if k >= 0:
                     # pre-hook: this layer's copy if not issued yet, then the next `depth`
-                    # streamed layers, wrapping to the next forward; resident layers issue nothing
+                    # streamed layers, wrapping to the next forward (after-compute: after the
+                    # launch); resident layers issue nothing
                     q = use * nS + k
-                    if issued[g] < q + depth:
-                        issue_upto(g, q + depth)
+                    upto = q if after else q + depth
+                    if issued[g] < upto:
+                        issue_upto(g, upto)
+                        begin = ready = t if t > stream_free else stream_free
+                    se = stage_end[g].pop(q, None)
+                    if se is not None and se > t:  # the host waits until the stager queued the copy
+                        t = se
                         begin = ready = t if t > stream_free else stream_free
                     ce = ends.pop(q)
                     if ce > ready:
@@ -326,6 +385,8 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> 
                 t += launch_s
                 if k >= 0:
                     moved((end, freed))
+                    if after and issued[g] < q + depth:
+                        issue_upto(g, q + depth)
         # the end marker is recorded on the compute stream after the host's tail work; then
         # the host synchronises the device
         end_step = max(t + tail_s, stream_free)
@@ -348,8 +409,8 @@ class _SyncEngine:
 
     _EPS = 1e-15
 
-    def __init__(self, walk: _Walk, prof: DeviceProfile, ev: _Events):
-        self.walk, self.prof, self.ev = walk, prof, ev
+    def __init__(self, walk: _Walk, prof: DeviceProfile, ev: _Events, after: bool = True):
+        self.walk, self.prof, self.ev, self.after = walk, prof, ev, after
         c = self.c = prof.contention
         # speeds while an engine copy and the host's work overlap
         self.copy_rate, self.host_rate_shared = 1.0 - c * (1.0 - prof.copy_priority), 1.0 - c * prof.copy_priority
@@ -398,6 +459,7 @@ class _SyncEngine:
         while issued[g] < last:
             q = issued[g] = issued[g] + 1
             lay, step, dur = self.walk.copy_of(g, q)
+            dur += lay.stage  # staged: the stager's memcpy, then the engine's copy, as one job
             self.run(self.prof.issue_s, False)
             self.ev.mem.extend((self.t, lay.nbytes))
             if lay.blocks:
@@ -424,7 +486,7 @@ class _SyncEngine:
                     self.run(prof.hook_s, False)
                     if k >= 0:
                         q = use * nS + k
-                        self.issue_upto(g, q + depth)
+                        self.issue_upto(g, q if self.after else q + depth)
                         if (g, q) not in self.done:
                             w0 = self.t
                             self.run(0.0, False, until=(g, q))
@@ -436,11 +498,14 @@ class _SyncEngine:
                     add(use, lay, COMPUTE, begin, self.t)
                     if k >= 0:
                         self.ev.mem.extend((self.t, -lay.nbytes))
+                        if self.after:
+                            self.issue_upto(g, q + depth)
             self.run(prof.step_tail_s, False)
             bounds.append((step, start_step, self.t))
         return bounds
 
 
-def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events) -> list[tuple[int, float, float]]:
+def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
+                 after: bool = True) -> list[tuple[int, float, float]]:
     """The cpu backend (see :class:`_SyncEngine`)."""
-    return _SyncEngine(walk, prof, ev).steps(steps)
+    return _SyncEngine(walk, prof, ev, after).steps(steps)

@@ -16,10 +16,10 @@ import pyarrow as pa
 from offload_lab.simulation.layers import _Layer
 
 #: kind codes, as the engine appends them, and the stream each kind runs on
-COPY, COMPUTE, WAIT, HOST_BLOCK = 0, 1, 2, 3
-_KINDS = ("copy", "compute", "wait", "host_block")
-_STREAMS = ("copy", "compute", "compute", "host")
-_MOVES_BYTES = np.array([True, False, False, True])
+COPY, COMPUTE, WAIT, HOST_BLOCK, STAGE = 0, 1, 2, 3, 4
+_KINDS = ("copy", "compute", "wait", "host_block", "stage")
+_STREAMS = ("copy", "compute", "compute", "host", "host_copy")
+_MOVES_BYTES = np.array([True, False, False, True, True])
 
 
 def _strings(values: list[str], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
@@ -85,7 +85,7 @@ class _Events:
         base = int(spec.non_layer_bytes) + sum(v.nbytes for v in lays if v.tier == "resident")
         pinned = sum(v.nbytes for v in lays if v.tier == "pinned")
         mapped = sum(v.mapped_bytes for v in lays if v.tier == "mapped")
-        anon = sum(v.nbytes for v in lays if v.tier == "pageable") + \
+        anon = sum(v.nbytes for v in lays if v.tier in ("pageable", "staged")) + \
             sum(v.nbytes - v.mapped_bytes for v in lays if v.tier == "mapped")
         flat = np.array(self.mem, dtype="float64").reshape(-1, 2)
         t = np.concatenate([[0.0], flat[:, 0]])

@@ -24,7 +24,8 @@ class _Layer:
     copy_warm: float
     copy_cold: float
     blocks: bool
-    lid: int = -1  # position in the plan's layers: the engine records events by it
+    lid: int = -1
+    stage: float = 0.0  # staged: the host memcpy into a staging buffer  # position in the plan's layers: the engine records events by it
 
 
 def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]], dict[str, int]]:
@@ -56,9 +57,9 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
             if got != layer.bytes and got != store_bytes(layer)[0]:
                 raise SimError(f"plan does not match spec {spec.name!r}: layer {layer.name} has "
                                f"{got} bytes in the plan and {layer.bytes} in the spec")
-    bad = sorted(set(layers["tier"].astype(str)) - {"resident", "pinned", "pageable", "mapped"})
+    bad = sorted(set(layers["tier"].astype(str)) - {"resident", "pinned", "staged", "pageable", "mapped"})
     if bad:
-        raise SimError(f"plan has tier(s) {bad}; accepted: resident, pinned, pageable, mapped")
+        raise SimError(f"plan has tier(s) {bad}; accepted: resident, pinned, staged, pageable, mapped")
     streamed: dict[str, list[int]] = {}
     for g in spec_groups:
         if hasattr(plan, "streamed_layers"):
@@ -74,7 +75,7 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
     return layers, streamed, prefetch
 
 
-def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | None):
+def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | None, stage_threads: int = 1):
     layers, streamed, prefetch = _frame_plan(spec, plan)
     info: dict[tuple[str, int], _Layer] = {}
     # a copy moves the bytes the plan counts: the runtime packs each tensor slice on the
@@ -94,7 +95,12 @@ def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | N
             raise SimError(f"plan marks {g}.{i} not streamed but tier {tier!r}")
         if is_streamed:
             used_tiers.add(tier)
-        warm = cold = 0.0
+        warm = cold = stage = 0.0
+        if is_streamed and tier == "staged":
+            try:
+                stage = profile.stage_seconds(nbytes, stage_threads)
+            except ProfileError as e:
+                raise ProfileError(f"{e}; the plan stages {g}.{i}") from None
         if is_streamed:
             try:
                 warm = profile.copy_seconds(tier, nbytes, mb)
@@ -102,6 +108,6 @@ def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | N
             except ProfileError as e:
                 raise ProfileError(f"{e}; the plan streams {g}.{i} from tier {tier!r}") from None
         info[(g, i)] = _Layer(g, i, tier, nbytes, mb, is_streamed, profile.compute_seconds(spec, g, i, tokens),
-                              warm, cold, profile.blocks_host(tier), lid=len(info))
+                              warm, cold, profile.blocks_host(tier), lid=len(info), stage=stage)
     return layers, streamed, prefetch, info, used_tiers
 

@@ -55,7 +55,9 @@ class DeviceProfile:
     ``1 - contention * copy_priority`` (``contention`` 0: no effect; 1: the two take turns, and
     ``copy_priority`` 0.5 splits evenly, 1 lets the copy run at full speed while the host waits);
     ``dispatch_s`` / ``wake_s`` (sync only) are thread hand-offs: an idle copy thread starting a
-    queued copy, the host resuming after a wait. ``provenance`` says where the numbers come from:
+    queued copy, the host resuming after a wait. ``host_memcpy_gbps`` is one thread's host
+    memcpy rate (GB/s) into a staging buffer and ``host_memcpy_max_gbps`` the ceiling of
+    several threads (None: no ceiling); a ``staged`` layer needs the first. ``provenance`` says where the numbers come from:
     ``{"kind": "measured", "machine": ..., "date": ...}`` or ``{"kind": "estimated", "sources": [...]}``.
     ``memory_bytes`` is the device's memory size (what :func:`offload_lab.recommend` plans
     against when no ``device_memory`` is given; ``None`` when unknown).
@@ -85,6 +87,8 @@ class DeviceProfile:
     copy_priority: float = 0.5
     dispatch_s: float = 0.0
     wake_s: float = 0.0
+    host_memcpy_gbps: float | None = None
+    host_memcpy_max_gbps: float | None = None
     provenance: dict[str, Any] = field(default_factory=lambda: {"kind": "estimated", "sources": []})
     notes: str = ""
     memory_bytes: int | None = None
@@ -140,6 +144,12 @@ class DeviceProfile:
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
             raise ProfileError(f"profile {self.name!r}: memory_bytes = {m!r}; accepted: a positive int of "
                                f"bytes or None (unknown)")
+        for attr in ("host_memcpy_gbps", "host_memcpy_max_gbps"):
+            v = getattr(self, attr)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or v <= 0):
+                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: GB/s > 0 or None")
+            setattr(self, attr, None if v is None else float(v))
         self.pageable_blocks_host = bool(self.pageable_blocks_host)
         self.mapped_blocks_host = bool(self.mapped_blocks_host)
         if not isinstance(self.provenance, dict) or self.provenance.get("kind") not in ("measured", "estimated"):
@@ -169,6 +179,8 @@ class DeviceProfile:
         A ``mapped`` layer copies its checkpoint-view bytes at the mapped rate and the rest
         (tensors re-laid out at load time, so anonymous memory) at the ``pageable`` rate.
         """
+        if tier == "staged":  # the device copy is from a pinned staging buffer
+            tier = "pinned"
         if tier == "mapped":
             mb = min(int(mapped_bytes), int(nbytes))
             t = mb / (self.bandwidth("mapped_cold" if cold else "mapped_warm") * 1e9)
@@ -177,6 +189,20 @@ class DeviceProfile:
         else:
             t = nbytes / (self.bandwidth(tier) * 1e9)
         return self.copy_latency_s + t
+
+    def stage_seconds(self, nbytes: int, threads: int = 1) -> float:
+        """Seconds of the host memcpy of ``nbytes`` into a staging buffer with ``threads`` threads.
+
+        >>> DeviceProfile("x", {"pinned": 50}, host_memcpy_gbps=5, host_memcpy_max_gbps=8).stage_seconds(8e9, 4)
+        1.0
+        """
+        if self.host_memcpy_gbps is None:
+            raise ProfileError(f"profile {self.name!r} has no host_memcpy_gbps (the host memcpy rate a "
+                               f"staged layer needs); accepted: GB/s > 0, e.g. from calibrate() on a staged run")
+        rate = self.host_memcpy_gbps * max(int(threads), 1)
+        if self.host_memcpy_max_gbps is not None:
+            rate = min(rate, self.host_memcpy_max_gbps)
+        return nbytes / (rate * 1e9)
 
     def blocks_host(self, tier: str) -> bool:
         return (tier == "pageable" and self.pageable_blocks_host) or (tier == "mapped" and self.mapped_blocks_host)

@@ -16,6 +16,7 @@ class _RunPlan:
     def __init__(self, spec: Any, layers: pd.DataFrame, prefetch: int, params: dict[str, Any]):
         self.spec, self.layers, self.prefetch, self.params = spec, layers, prefetch, params
         self.ledger = None
+        self.issue = "before-compute"  # the run's issue order; set from its meta by plan_of_run
 
     def streamed_layers(self, group: str) -> list[int]:
         df = self.layers
@@ -54,8 +55,11 @@ def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
         raise SimError(f"spec {spec!r:.60} is not a ModelSpec; accepted: None or the run's model spec")
     frame = df.assign(streamed=df["streamed"].astype(bool))
     prefetch = run.meta.get("prefetch", 1)
-    return spec, _RunPlan(spec, frame, prefetch if isinstance(prefetch, (int, dict)) else 1,
-                          dict(run.meta.get("plan") or {}))
+    plan = _RunPlan(spec, frame, prefetch if isinstance(prefetch, (int, dict)) else 1,
+                    dict(run.meta.get("plan") or {}))
+    if run.meta.get("issue") in ("after-compute", "before-compute"):
+        plan.issue = run.meta["issue"]
+    return spec, plan
 
 
 def _spec_of_layers(run: Run, df: pd.DataFrame) -> Any:

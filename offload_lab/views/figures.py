@@ -51,12 +51,14 @@ if TYPE_CHECKING:  # plotly is imported lazily so that `import offload_lab.views
 TIER_COLORS: dict[str, str] = {
     "resident": "#2ca02c",
     "pinned": "#1f77b4",
+    "staged": "#bcbd22",
     "pageable": "#ff7f0e",
     "mapped": "#9467bd",
     "unknown": "#7f7f7f",
 }
 STALL_COLOR = "#d62728"
 HOST_BLOCK_COLOR = "#4d4d4d"
+STAGE_COLOR = "#8c564b"
 MEMORY_COLORS = {"device_bytes": "#17becf", "pinned_bytes": TIER_COLORS["pinned"],
                  "anon_bytes": TIER_COLORS["pageable"], "mapped_bytes": TIER_COLORS["mapped"]}
 SIM_PATTERN = "/"
@@ -271,7 +273,7 @@ def _lanes(ev: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     order = []
     for s in ("compute", "copy"):
         order += [f"{s} · {esc(g)}" for g in groups] if multi else [s]
-    order.append("host")
+    order += ["host_copy", "host"]
     present = set(lane)
     order = [n for n in order if n in present] + sorted(present - set(order))
     ranks = sorted(set(ev["rank"].tolist())) if "rank" in ev.columns else [0]
@@ -405,6 +407,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     add((kind == "wait").to_numpy(), "stall (waiting for weights)", STALL_COLOR, "wait")
     add((kind == "host_block").to_numpy(), "host blocked (staging copy)", HOST_BLOCK_COLOR, "host_block",
         pattern=_pattern("/", size=6))
+    add((kind == "stage").to_numpy(), "host memcpy into a staging buffer", STAGE_COLOR, "stage")
 
     xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
                                            scale, step is None)

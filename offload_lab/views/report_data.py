@@ -47,7 +47,13 @@ def ledger_rows(ledger: Mapping[str, Any]) -> list[dict[str, str]]:
         rows.append(_row("fits", "yes", "ok") if ledger["fits"] else _row("fits", "NO", "bad"))
     # every other number in the ledger is a byte count too (headroom, given_back, ...)
     known = dict(_LEDGER_NAMES)
-    rows += [_row(k.replace("_", " "), _size(v)) for k, v in ledger.items() if k not in known and k != "fits"]
+    staging = ledger.get("staging")
+    if isinstance(staging, Mapping) and staging:
+        rows.append(_row("staging buffers", "; ".join(
+            f"{g}: {v.get('buffers')} × {_size(v.get('buffer_bytes'))}" for g, v in staging.items()
+            if isinstance(v, Mapping))))
+    rows += [_row(k.replace("_", " "), _size(v)) for k, v in ledger.items()
+             if k not in known and k not in ("fits", "staging")]
     return rows
 
 
@@ -179,7 +185,9 @@ def env_row(r: Run) -> list[str]:
             + (f" ({h.get('source')})" if h.get("source") else "")) if h else "–"
     return [str(r.backend), str(r.meta.get("device_name") or "–"), str(r.meta.get("torch_version") or "–"),
             host, str(r.meta.get("created") or "–"), str(r.meta.get("model") or "–"),
-            str(r.meta.get("prefetch", "–")), str(r.meta.get("init_strategy") or "–")]
+            str(r.meta.get("prefetch", "–")), str(r.meta.get("init_strategy") or "–"),
+            # runs recorded before the issue order was an option issued copies before compute
+            str(r.meta.get("issue") or "before-compute")]
 
 
 def plan_data(p: Any, tier_color: Any) -> dict[str, Any]:

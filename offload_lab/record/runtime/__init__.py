@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from offload_lab.record.run import Run
+from offload_lab.record.runtime.backends import ISSUE_ORDERS
 from offload_lab.record.runtime.manager import (
     BACKENDS,
     INIT_STRATEGIES,
@@ -20,13 +21,15 @@ from offload_lab.record.runtime.manager import (
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
 
-__all__ = ["OffloadManager", "OffloadError", "offload", "profile", "BACKENDS", "INIT_STRATEGIES"]
+__all__ = ["OffloadManager", "OffloadError", "offload", "profile", "BACKENDS", "INIT_STRATEGIES",
+           "ISSUE_ORDERS"]
 
 
 @contextlib.contextmanager
 def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
             init: str = "grouped", label: str | None = None,
-            record_memory: bool = True, scheduler: Any = "auto") -> Iterator[OffloadManager]:
+            record_memory: bool = True, scheduler: Any = "auto", issue: str = "after-compute",
+            stage_threads: int = 1) -> Iterator[OffloadManager]:
     """Run ``model`` under ``plan`` inside the block; leaving it restores the model exactly.
 
     ``model`` may be a diffusers pipeline with a :class:`~offload_lab.planning.pipeline.PipelinePlan`
@@ -37,6 +40,11 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
     ``backend="auto"`` picks ``cuda`` when a GPU is there, else ``cpu``. ``init`` is the group
     initialisation strategy (``"grouped"``: all groups offloaded, then non-layer weights moved
     once; ``"naive"``: each group offloaded then the whole model moved, in declared order).
+    ``issue`` is when copies that block the host are issued: ``"after-compute"`` (behind the
+    running block's kernels; the copy stream waits only for the compute that last read the
+    buffer it fills) or ``"before-compute"`` (from the pre-hook, after the copy stream waits
+    for all queued compute: what other runtimes do). ``stage_threads`` threads share each
+    ``staged`` layer's host memcpy into its pinned staging buffer.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
@@ -51,7 +59,8 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
     True
     """
     manager = _manager(model, plan, backend=backend, device=device, init=init, label=label,
-                       record_memory=record_memory, scheduler=scheduler)
+                       record_memory=record_memory, scheduler=scheduler, issue=issue,
+                       stage_threads=stage_threads)
     with manager:
         yield manager
 
@@ -77,7 +86,8 @@ def _manager(model: Any, plan: Any, **kwargs: Any) -> OffloadManager:
 def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3, warmup: int = 1,
             backend: str = "auto", device: torch.device | str | None = None, init: str = "grouped",
             label: str | None = None, progress: Callable[[int, int], None] | None = None,
-            requests: int = 1, gather: bool = False) -> Run | None:
+            requests: int = 1, gather: bool = False, issue: str = "after-compute",
+            stage_threads: int = 1) -> Run | None:
     """Call ``fn()`` once per step under the plan and return the measured :class:`Run`.
 
     The first ``warmup`` steps are run but dropped from the frames (``meta['warmup_dropped']``).
@@ -91,6 +101,7 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
     ``fn()`` is one request (``lambda: pipe(**kw)``): it is called ``warmup`` times to warm up,
     then ``requests`` times; the steps are the pipeline's own (one per ``scheduler.step``), those
     of the warm-up requests dropped; ``steps`` is not used. ``progress`` counts requests.
+    ``issue`` and ``stage_threads`` are :func:`offload`'s.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
@@ -109,7 +120,8 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
         raise OffloadError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
     if not isinstance(gather, bool):
         raise OffloadError(f"gather {gather!r} must be True or False")
-    args = (model, fn, plan, steps, warmup, backend, device, init, label, progress, requests)
+    args = (model, fn, plan, steps, warmup, backend, device, init, label, progress, requests, issue,
+            stage_threads)
     if not gather:
         return _profile(*args)
     from offload_lab.record.gather import gather as _gather
@@ -124,14 +136,16 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
 
 def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, warmup: int, backend: str,
              device: Any, init: str, label: str | None, progress: Callable[[int, int], None] | None,
-             requests: int) -> Run:
+             requests: int, issue: str, stage_threads: int) -> Run:
     from offload_lab.model.pipeline import is_pipeline
 
     if is_pipeline(model):
         return _profile_requests(model, fn, plan, requests, warmup, progress, backend=backend,
-                                 device=device, init=init, label=label)
+                                 device=device, init=init, label=label, issue=issue,
+                                 stage_threads=stage_threads)
     total = steps + warmup
-    with offload(model, plan, backend=backend, device=device, init=init, label=label) as m:
+    with offload(model, plan, backend=backend, device=device, init=init, label=label, issue=issue,
+                 stage_threads=stage_threads) as m:
         with torch.no_grad():
             for k in range(total):
                 with m.step():

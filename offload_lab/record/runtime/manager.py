@@ -14,7 +14,8 @@ from torch import nn
 from offload_lab.analysis.summary import tier_summary
 from offload_lab.planning.hostmem import file_backed_checker, process_memory
 from offload_lab.record.recorder import Recorder, resolve_device
-from offload_lab.record.runtime.backends import CopyTicket, CpuBackend, CudaBackend
+from offload_lab.record.runtime.backends import ISSUE_ORDERS, CopyTicket, CpuBackend, CudaBackend
+from offload_lab.record.runtime.staging import StagingPool, staging_size
 from offload_lab.record.runtime.stores import LayerStore
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ _ACTIVE: weakref.WeakSet = weakref.WeakSet()
 INIT_STRATEGIES = ("grouped", "naive")
 MEMORY_SAMPLE_S = 0.002
 BACKENDS = ("auto", "cuda", "cpu")
+MAX_STAGE_THREADS = 64
 
 
 class OffloadError(ValueError):
@@ -38,6 +40,9 @@ class _Group:
     pos: dict[int, int] = field(default_factory=dict)
     in_flight: dict[int, CopyTicket] = field(default_factory=dict)
     live: dict[int, CopyTicket] = field(default_factory=dict)  # bound to the device right now
+    # host-blocking copies deferred to the post-hook (after-compute issue order)
+    pending: list[int] = field(default_factory=list)
+    pool: StagingPool | None = None
 
 
 class OffloadManager(Recorder):
@@ -63,13 +68,18 @@ class OffloadManager(Recorder):
 
     def __init__(self, model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
                  init: str = "grouped", label: str | None = None, record_memory: bool = True,
-                 scheduler: Any = "auto"):
+                 scheduler: Any = "auto", issue: str = "after-compute", stage_threads: int = 1):
         if not isinstance(model, nn.Module):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
         if model in _ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
         if init not in INIT_STRATEGIES:
             raise OffloadError(f"init {init!r} is not one of {INIT_STRATEGIES}")
+        if issue not in ISSUE_ORDERS:
+            raise OffloadError(f"issue {issue!r} is not one of {ISSUE_ORDERS}")
+        if (isinstance(stage_threads, bool) or not isinstance(stage_threads, int)
+                or not 1 <= stage_threads <= MAX_STAGE_THREADS):
+            raise OffloadError(f"stage_threads {stage_threads!r} is not an int in 1..{MAX_STAGE_THREADS}")
         backend, device = resolve_device(backend, device, BACKENDS, OffloadError)
         super().__init__()
         self.model, self.plan, self.device = model, plan, device
@@ -77,6 +87,8 @@ class OffloadManager(Recorder):
         self.label = label
         self.record_memory = record_memory
         self._scheduler_target = scheduler
+        self.issue_order, self.stage_threads = issue, stage_threads
+        self._stage_pool: Any = None  # threads sharing one staging memcpy (stage_threads > 1)
         self._groups = self._check_plan(model, plan)
         self._stores: dict[tuple[str, int], LayerStore] = {}
         self._resident_bufs: dict[tuple[str, int], dict] = {}
@@ -145,17 +157,18 @@ class OffloadManager(Recorder):
     def _start(self) -> None:
         mem0 = process_memory()
         if self.backend_name == "cuda":
-            self._backend = CudaBackend(self.device)
+            self._backend = CudaBackend(self.device, issue=self.issue_order)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._cuda_base = torch.cuda.memory_allocated(self.device)
         else:
-            self._backend = CpuBackend(self.device)
+            self._backend = CpuBackend(self.device, issue=self.issue_order)
         self._init()
+        self._make_staging()
         # read before prefetch is armed: on the cpu backend, device buffers are anonymous too
         stores_anon = process_memory()["anon_bytes"] - mem0["anon_bytes"]
         for g in self._groups:
             self._arm(g)
-        pinned = sum(s.pinned_bytes for s in self._stores.values())
+        pinned = self._pinned_bytes()
         spec = self.plan.spec
         self._meta = {
             **self._base_meta(self.backend_name, self.device, spec.name),
@@ -173,6 +186,11 @@ class OffloadManager(Recorder):
             "init": {"resident_bytes_copied": int(sum(
                 self._stores[k].nbytes for k in self._resident_bufs))},
             "groups": [g.name for g in self._groups],
+            "issue": self.issue_order,
+            "stage_threads": self.stage_threads,
+            "staging": {g.name: {"buffers": g.pool.count, "buffer_bytes": g.pool.nbytes,
+                                 "pinned_bytes": g.pool.pinned_bytes}
+                        for g in self._groups if g.pool is not None},
         }
         if self.backend_name == "cuda":
             self._meta["cuda"] = {"capability": list(torch.cuda.get_device_capability(self.device)),
@@ -195,6 +213,16 @@ class OffloadManager(Recorder):
         def close_backend() -> None:
             if self._backend is not None:
                 self._backend.close()
+
+        def free_staging() -> None:
+            for g in self._groups:
+                if g.pool is not None:
+                    g.pool.close()
+                    g.pool = None
+                g.pending.clear()
+            if self._stage_pool is not None:
+                self._stage_pool.shutdown(wait=True)
+                self._stage_pool = None
 
         def forget_copies() -> None:
             for g in self._groups:
@@ -224,7 +252,7 @@ class OffloadManager(Recorder):
             if self.backend_name == "cuda" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
-        return [unhook, close_backend, forget_copies, restore_stores, restore_moved, release]
+        return [unhook, close_backend, free_staging, forget_copies, restore_stores, restore_moved, release]
 
     # -- initialisation ----------------------------------------------------------------------------
     def _layer_param_ids(self) -> set[int]:
@@ -314,6 +342,30 @@ class OffloadManager(Recorder):
                 # the whole model moves now, later groups included: the transient peak
                 self._move_rest(done)
 
+    def _make_staging(self) -> None:
+        """K pinned staging buffers per group with staged layers (the plan's ledger says K)."""
+        planned = (self.plan.ledger or {}).get("staging") or {}
+        for g in self._groups:
+            sizes = [self._stores[(g.name, i)].nbytes for i in g.streamed
+                     if self._stores[(g.name, i)].tier == "staged"]
+            count, nbytes = staging_size(self.plan.prefetch, sizes)
+            if not count:
+                continue
+            count = int((planned.get(g.name) or {}).get("buffers", count)) or count
+            g.pool = StagingPool(g.name, count, nbytes, pin=self.backend_name == "cuda")
+        if self.stage_threads > 1 and any(g.pool for g in self._groups):
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._stage_pool = ThreadPoolExecutor(self.stage_threads, thread_name_prefix="offload-lab-memcpy")
+
+    def _blocks_host(self, g: _Group, i: int) -> bool:
+        return self._stores[(g.name, i)].tier in ("pageable", "mapped")
+
+    def _flush_pending(self, g: _Group) -> None:
+        """Issue the host-blocking copies a pre-hook deferred: the block's kernels are queued now."""
+        while g.pending:
+            self._issue(g, g.pending.pop(0))
+
     def _arm(self, g: _Group) -> None:
         for i in g.streamed[: self._depth(g)]:
             self._issue(g, i)
@@ -325,7 +377,8 @@ class OffloadManager(Recorder):
     def _issue(self, g: _Group, i: int) -> CopyTicket:
         store = self._stores[(g.name, i)]
         ticket = CopyTicket(g.name, i, store.tier, store.nbytes)
-        ticket.bufs = store.alloc_device(self.device)
+        with self._backend.alloc_context(g.name):
+            ticket.bufs = store.alloc_device(self.device)
         self._ledger(store.nbytes)
 
         def work(non_blocking: bool) -> None:
@@ -334,7 +387,13 @@ class OffloadManager(Recorder):
         # a profiler trace then credits the copy to the layer it carries, not to the layer
         # whose pre-hook issued it (prefetch runs one layer ahead)
         with torch.profiler.record_function(f"offload_lab.copy {g.name}.{i}"):
-            self._backend.issue(ticket, work, blocking=store.tier != "pinned")
+            if store.tier == "staged" and g.pool is not None:
+                bufs, threads = ticket.bufs, self._stage_pool
+                self._backend.issue_staged(
+                    ticket, g.pool, lambda buf: store.stage_into(buf, threads),
+                    lambda buf, nb: store.copy_from_staging(bufs, buf, nb))
+            else:
+                self._backend.issue(ticket, work, blocking=store.tier != "pinned")
         g.in_flight[i] = ticket
         return ticket
 
@@ -358,13 +417,19 @@ class OffloadManager(Recorder):
             if streamed:
                 ticket = g.in_flight.pop(i, None)
                 if ticket is None:  # not prefetched (prefetch 0, or a layer run out of order)
+                    if i in g.pending:
+                        g.pending.remove(i)
                     self._issue(g, i)
                     ticket = g.in_flight.pop(i)
                 k, n = g.pos[i], len(g.streamed)
+                defer = self.issue_order == "after-compute"
                 for d in range(1, self._depth(g) + 1):
                     j = g.streamed[(k + d) % n]
-                    if j not in g.in_flight and j != i:
-                        self._issue(g, j)
+                    if j not in g.in_flight and j != i and j not in g.pending:
+                        if defer and self._blocks_host(g, j):
+                            g.pending.append(j)  # issued by the post-hook, behind this block
+                        else:
+                            self._issue(g, j)
                 w, c = self._backend.wait(ticket)
                 store.bind(ticket.bufs)
                 g.live[i] = ticket
@@ -382,6 +447,7 @@ class OffloadManager(Recorder):
                 store.unbind(self._placeholders)
                 ticket.bufs = {}
                 self._ledger(-nbytes)
+                self._flush_pending(g)
             if self.record_memory:
                 self._sample_memory()
 
@@ -394,7 +460,8 @@ class OffloadManager(Recorder):
         return self._device_ledger
 
     def _pinned_bytes(self) -> int:
-        return sum(s.pinned_bytes for s in self._stores.values())
+        return (sum(s.pinned_bytes for s in self._stores.values())
+                + sum(g.pool.pinned_bytes for g in self._groups if g.pool is not None))
 
     # -- the Run -----------------------------------------------------------------------------------------
     def _events(self, r: Callable[[Any], float], warmup: int) -> list[dict]:
@@ -411,6 +478,9 @@ class OffloadManager(Recorder):
                 c0, c1 = r(t.start), r(t.end)
                 events.append({**base, "kind": "copy", "stream": "copy", "bytes": t.nbytes,
                                "start_s": c0, "end_s": c1})
+                if t.stage is not None:
+                    events.append({**base, "kind": "stage", "stream": "host_copy", "bytes": t.nbytes,
+                                   "start_s": t.stage[0], "end_s": t.stage[1]})
                 if t.host_block is not None:
                     events.append({**base, "kind": "host_block", "stream": "host", "bytes": t.nbytes,
                                    "start_s": t.host_block[0], "end_s": t.host_block[1]})

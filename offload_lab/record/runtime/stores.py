@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +31,15 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
         np.copyto(dst.reshape(-1).view(torch.uint8).numpy(), src.reshape(-1).view(torch.uint8).numpy())
     else:
         dst.copy_(src, non_blocking=non_blocking)
+
+
+#: bytes per piece when several threads share one layer's host memcpy
+_CHUNK = 16 << 20
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's storage as a flat uint8 view (no copy)."""
+    return t.detach().reshape(-1).view(torch.uint8)
 
 
 @dataclass
@@ -125,6 +135,15 @@ class LayerStore:
         copy replaces it and so costs no new anonymous memory; file-backed or device originals
         are kept for restore. An ``orig_data`` set beforehand (the naive init strategy's) wins.
         """
+        if self.tier == "staged" and all(
+                (s.orig_data if s.orig_data is not None else s.param.data).device.type == "cpu"
+                for s in self.slots):
+            # a staged layer is gathered into a staging buffer straight from its originals
+            # (anonymous or checkpoint pages): no packed store, so no new anonymous memory
+            for s in self.slots:
+                if s.orig_data is None:
+                    s.orig_data = s.param.data
+            return
         if self.tier == "mapped" or (self.tier == "resident" and not pin):
             # no host copy: a resident layer without a pin grant is copied to the device once,
             # straight from its originals
@@ -171,6 +190,48 @@ class LayerStore:
             return
         for dt, buf in self.buffers.items():
             _copy(dev[dt], buf, non_blocking)
+
+    def dtype_offsets(self) -> dict[torch.dtype, int]:
+        """Byte offset of each dtype's region in a staging buffer of :attr:`nbytes` bytes."""
+        out, pos = {}, 0
+        for dt, n in self.sizes().items():
+            out[dt] = pos
+            pos += n * dt.itemsize  # n is already a multiple of the alignment in elements
+        return out
+
+    def stage_pairs(self, staging: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(destination, source)`` byte views that fill ``staging`` (uint8) with this layer."""
+        offs = self.dtype_offsets()
+        if self.buffers:
+            return [(staging[offs[dt]:offs[dt] + buf.numel() * dt.itemsize], _bytes(buf))
+                    for dt, buf in self.buffers.items()]
+        pairs = []
+        for s in self.slots:
+            a = offs[s.dtype] + s.offset * s.dtype.itemsize
+            pairs.append((staging[a:a + s.numel * s.dtype.itemsize], _bytes(s.orig_data)))
+        return pairs
+
+    def stage_into(self, staging: torch.Tensor, pool: Any = None) -> None:
+        """Host memcpy of the layer into a staging buffer; ``pool`` (an executor) splits it."""
+        pairs = self.stage_pairs(staging)
+        if pool is None:
+            for dst, src in pairs:
+                _copy(dst, src, False)
+            return
+        chunks = []
+        for dst, src in pairs:
+            n = dst.numel()
+            step = max(_CHUNK, 1)
+            chunks += [(dst[a:a + step], src[a:a + step]) for a in range(0, n, step)]
+        list(pool.map(lambda p: _copy(p[0], p[1], False), chunks))
+
+    def copy_from_staging(self, dev: dict[torch.dtype, torch.Tensor], staging: torch.Tensor,
+                          non_blocking: bool) -> None:
+        """Staging buffer → device buffers: one copy per dtype."""
+        offs = self.dtype_offsets()
+        for dt, d in dev.items():
+            src = staging[offs[dt]:offs[dt] + d.numel() * dt.itemsize].view(dt)
+            _copy(d, src, non_blocking)
 
     def bind(self, dev: dict[torch.dtype, torch.Tensor]) -> None:
         self._detached = True
