@@ -126,7 +126,8 @@ def _held_out(d: Path) -> int:
     if skipped:
         print(f"skipped (the manager did not drive their copies): {', '.join(skipped)}")
     print("loo = calibrated on every other run; tokens = only the same model at other token counts; "
-          "model = only the other model size at the same tokens; n/a: no such training run, or none "
+          "model = only the other model size (its curve over this model's FLOPs); a mapped rate no training run "
+          "measured is taken at the pageable rate; n/a: no such training run, or none "
           "copied from this run's tier")
     fmt = {c: (lambda x: f"{x:+.1%}") for c in t.columns if c.endswith("_err")}
     print(t.to_string(index=False, formatters=fmt, float_format=lambda x: f"{x:.1f}", na_rep="n/a"))

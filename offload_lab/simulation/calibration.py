@@ -14,7 +14,7 @@ from offload_lab.simulation.layers import _prepare
 from offload_lab.simulation.profile import DeviceProfile
 from offload_lab.simulation.runs import plan_of_run
 
-__all__ = ["calibrate", "CPU_PRIOR"]
+__all__ = ["calibrate", "CPU_PRIOR", "tokens_of", "spec_of_run"]
 
 #: (contention, copy_priority) assumed for a cpu run that cannot show its own: the two take
 #: turns and the copy goes first. Fitted on this project's fixture runs (tests/data/runs, a
@@ -62,10 +62,108 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     >>> fit.provenance["kind"], round(offload_lab.simulate(plan, fit, steps=3).step_time / sim.step_time, 6)
     ('measured', 1.0)
 
+    - **Compute curve** (``compute_curve``): per group, ``floor_s + FLOPs / tflops`` fitted by
+      least squares to every layer's median compute against its FLOPs (from the spec the run
+      carries in its meta) at the runs' token counts. Runs at two or more token counts fit the
+      launch/latency floor and the saturated rate; one token count fits the rate alone (floor 0).
+      With runs at several token counts, per-layer ``compute_s`` and the step matching come from
+      the runs at ``tokens`` (default: the most common count), bandwidths from all of them.
+      ``compute_s`` also keeps each group's median under the group's name, so a profile fitted
+      on a truncated model (a few layers at full width) predicts every layer of the full one.
+
     Not fitted: ``launch_s`` and ``issue_s`` (folded into ``hook_s``), ``copy_latency_s`` (folded
     into the bandwidths) and ``step_tail_s`` (folded into ``step_head_s``).
     """
     runs, backend, sync = _check_runs(run, contention, copy_priority)
+    counts: dict[int | None, int] = {}
+    for r in runs:
+        counts[tokens_of(r)] = counts.get(tokens_of(r), 0) + 1
+    if tokens is None:
+        # the most common token count; ties go to the larger (the operating point, not a probe)
+        tokens = max(counts, key=lambda t: (counts[t], t or 0))
+    at = [r for r in runs if tokens_of(r) in (tokens, None)] or runs
+    prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False)
+    curve = _fit_curve(runs, sync, contention, copy_priority)
+    if len(at) < len(runs):
+        # bandwidths do not depend on tokens: every run's copies count
+        every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False)
+        prof = prof.replace(bandwidths={**every.bandwidths})
+    prof = prof.replace(compute_curve=curve)
+    return _match_steps(prof, at) if match_steps else prof
+
+
+def tokens_of(run: Run) -> int | None:
+    """The video token count a run used (its meta's ``tokens``, or the GPU check's), else None.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> tokens_of(offload_lab.simulate(plan, "h200", steps=1, tokens=1024))
+    1024
+    """
+    t = run.meta.get("tokens") or (run.meta.get("gpu_check") or {}).get("tokens")
+    return int(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 else None
+
+
+def spec_of_run(run: Run) -> Any:
+    """The model spec a run carries in its meta (``plan_full``), else None."""
+    from offload_lab.model.spec import ModelSpec
+
+    d = (run.meta.get("plan_full") or {}).get("spec")
+    if not isinstance(d, dict):
+        return None
+    try:
+        return ModelSpec.from_dict(d)
+    except Exception:  # an older or foreign spec layout: the curve is simply not fitted
+        return None
+
+
+def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any) -> dict[str, list[float]]:
+    """``{group: [floor_s, tflops], "*": ...}`` from each layer's median compute against its FLOPs."""
+    from offload_lab.model import flops
+
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for r in runs:
+        spec, tok = spec_of_run(r), tokens_of(r)
+        if spec is None or tok is None:
+            continue
+        part = _observe(r, sync)
+        comp_d = _fit_contention(_gather([part]), sync, contention, copy_priority)[0]
+        med = pd.Series(comp_d).groupby(pd.MultiIndex.from_tuples(part["comp_key"])).median()
+        for (g, i), secs in med.items():
+            try:
+                fl = flops.layer_flops(spec, g, tok, layer=int(i))
+            except Exception:  # a group the spec does not have: no point
+                continue
+            if fl > 0 and secs > 0:
+                pts.setdefault(g, []).append((fl, float(secs)))
+    curve = {g: c for g, p in pts.items() if (c := _line(p)) is not None}
+    every = _line([x for p in pts.values() for x in p])
+    if every is not None:
+        curve["*"] = every
+    return curve
+
+
+def _line(pts: list[tuple[float, float]]) -> list[float] | None:
+    """``[floor_s, tflops]`` with ``t = floor + F / rate`` by least squares (relative); floor 0 if one F."""
+    if not pts:
+        return None
+    F = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    if F.max() >= 1.5 * F.min():
+        # weights 1/t: relative errors count, so a launch-bound point is not drowned by a big one
+        slope, floor = np.polyfit(F, t, 1, w=1.0 / t)
+        if slope > 0 and floor >= 0:
+            return [float(floor), float(1.0 / slope / 1e12)]
+    # one operating point (or a fit that went negative): a rate through the origin
+    slope = float((t * F).sum() / (F * F).sum())
+    return [0.0, float(1.0 / slope / 1e12)] if slope > 0 else None
+
+
+def _calibrate(runs: list[Run], name: str | None, contention: Any, copy_priority: Any,
+               tokens: int | None, match_steps: bool) -> DeviceProfile:
+    """The fit of one token count's runs (see :func:`calibrate`)."""
+    runs, backend, sync = _check_runs(runs, contention, copy_priority)
     parts = [_observe(r, sync) for r in runs]
     cat = _gather(parts)
     comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority)
@@ -74,9 +172,6 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     wake = np.concatenate([p["wake"] for p in parts])
     block_tiers = set().union(*(p["block_tiers"] for p in parts))
     copy_tiers = set(cat["copy_tier"].tolist())
-    if tokens is None:
-        t = runs[0].meta.get("tokens")
-        tokens = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
     labels = [r.label for r in runs]
     prof = DeviceProfile(
         name=name or f"calibrated-{backend}",
@@ -199,7 +294,7 @@ def _fit_bandwidths(cat: dict[str, Any], copy_d: np.ndarray) -> dict[str, float]
 
 
 def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
-    """Seconds per forward of each ``"group.layer"``."""
+    """Seconds per forward of each ``"group.layer"``, and each group's median under its name."""
     names_ = [f"{g}.{i}" for g, i in cat["comp_key"]]
     per_layer = pd.Series(comp_d).groupby(names_).median()
     # medians per layer miss what a disturbed step spreads over all its layers; scale them so a
@@ -207,7 +302,9 @@ def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
     per_step = pd.Series(comp_d).groupby(cat["comp_step"]).sum()
     typical = pd.Series(per_layer.reindex(names_).to_numpy()).groupby(cat["comp_step"]).sum()
     k = float(np.median(per_step.to_numpy() / typical.to_numpy())) if float(typical.min()) > 0 else 1.0
-    return {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
+    out = {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
+    groups = pd.Series(list(out.values())).groupby([n.rsplit(".", 1)[0] for n in out]).median()
+    return {**{str(g): float(v) for g, v in groups.items()}, **out}
 
 
 def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
