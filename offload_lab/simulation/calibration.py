@@ -307,36 +307,61 @@ def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
     return {**{str(g): float(v) for g, v in groups.items()}, **out}
 
 
-def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
-    """``simulate(...).step_time`` without building the Run's frames (calibration loops on it)."""
+def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int,
+                 span: bool = False) -> float | tuple[float, float]:
+    """``simulate(...).step_time`` without building the Run (calibration loops on it); with
+    ``span``, also the median span of a step's layers (first compute start to last compute end)."""
     _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
-    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=False)
+    ev, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=span)
     kept = bounds.iloc[warmup:]
-    return float((kept["end_s"] - kept["start_s"]).median())
+    step = float((kept["end_s"] - kept["start_s"]).median())
+    if not span:
+        return step
+    comp = ev[(ev["kind"] == "compute") & (ev["step"] >= warmup)]
+    return step, _median_span(comp)
+
+
+def _median_span(comp: pd.DataFrame) -> float:
+    """Median over steps of (last compute end - first compute start)."""
+    if not len(comp):
+        return 0.0
+    g = comp.groupby("step")
+    return float((g["end_s"].max() - g["start_s"].min()).median())
 
 
 def _match_steps(prof: DeviceProfile, runs: list[Run]) -> DeviceProfile:
-    """Put what the model leaves unexplained of the runs' median step into ``step_head_s``.
+    """Put what the model leaves unexplained of the runs' median step into the host costs.
 
     The other fits explain a step from its parts; time they miss (non-layer work, interpreter
-    pauses, a shared machine's scheduling) is still paid once per step. Simulating each run's
-    own plan and moving the median residual into the per-step head makes the profile reproduce
-    the median steps it was fitted on; other plans then test the fit. A few rounds, since in
-    sync mode head time also lets a copy thread progress.
+    pauses, a shared machine's scheduling) is still paid. The residual is split where the runs
+    show it: what the simulated span of a step's layers (first compute start to last compute
+    end) misses of the measured span is paid per layer forward (``hook_s``, sync mode: there the
+    host thread runs every layer), the rest once per step (``step_head_s``). So the profile reproduces the median steps it was fitted on, and a
+    profile fitted on a truncated model carries its per-layer costs to the full depth. A few
+    rounds, since in sync mode host time also lets a copy thread progress.
     """
-    for _ in range(4):
-        resid = []
+    for _ in range(6):
+        resid, inside, per_layer = [], [], []
         for r in runs:
             spec, plan = plan_of_run(r)
             warm = int(r.meta.get("warmup_dropped", 0) or 0)
-            got = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm,
-                               passes=_passes_of(r))
+            passes = _passes_of(r)
+            got, span = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm,
+                                     passes=passes, span=True)
+            ev = r.events
             resid.append(r.step_time - got)
-        delta = float(np.median(resid))
-        head = max(0.0, prof.step_head_s + delta)
-        if abs(head - prof.step_head_s) <= 1e-4 * max(r.step_time for r in runs):
+            inside.append(_median_span(ev[ev["kind"] == "compute"]) - span)
+            per_layer.append(max(1, len(r.layers) * passes - 1))
+        # async (a GPU): the host runs ahead of the device, so host time per layer does not
+        # lengthen the layers' span; the whole residual stays per step
+        d_in = float(np.median([i / n for i, n in zip(inside, per_layer)])) if prof.compute_mode == "sync" else 0.0
+        hook = max(0.0, prof.hook_s + d_in)
+        d_out = float(np.median(resid)) - (hook - prof.hook_s) * float(np.median(per_layer))
+        head = max(0.0, prof.step_head_s + d_out)
+        tol = 1e-4 * max(r.step_time for r in runs)
+        if abs(head - prof.step_head_s) <= tol and abs(hook - prof.hook_s) * float(np.median(per_layer)) <= tol:
             break
-        prof = prof.replace(step_head_s=head)
+        prof = prof.replace(step_head_s=head, hook_s=hook)
     return prof
 
 
