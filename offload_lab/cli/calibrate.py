@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = synthetic.example_inputs(model, tokens=n, text_tokens=size.text_tokens, device=device)
         for tier in TIERS:
             plan = ol.plan(spec, tier=tier, prefetch=1, host=host)
-            r = ol.profile(model, lambda: model(**inputs), plan, steps=args.steps, warmup=args.warmup,
+            r = ol.profile(model, lambda x=inputs: model(**x), plan, steps=args.steps, warmup=args.warmup,
                            backend=backend, label=f"{tier} p1, {n} tokens ({backend}, measured)")
             r.meta["tokens"] = int(n)
             runs.append(r)
