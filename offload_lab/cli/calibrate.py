@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     prof = ol.calibrate(runs, name=args.name or f"calibrated-{backend}", tokens=counts[0])
     prof.provenance["short_run"] = {"model": args.model, "scale": size.scale, "layers": size.layers,
                                     "full_layers": {g.name: g.num_layers for g in full.groups},
-                                    "tokens": counts}
+                                    "tokens": counts, "text_tokens": size.text_tokens}
     prof.to_json(out)
     print(f"wrote {out.resolve()}: {prof!r}")
     if size.scale == 1.0:
