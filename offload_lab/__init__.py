@@ -36,7 +36,7 @@ _EXPORTS = {
     "to_chrome_trace": "record.chrome_trace",
     "compare": "analysis.comparison", "bound": "analysis.summary", "metrics": "analysis.summary",
     "DeviceProfile": "simulation.profile", "simulate": "simulation.engine",
-    "calibrate": "simulation.calibration", "plan_of_run": "simulation.runs",
+    "calibrate": "simulation.calibration", "plan_of_run": "simulation.runs", "held_out": "simulation.heldout",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
     "shipped_runs": "shipped",

@@ -106,16 +106,30 @@ def tokens_of(run: Run) -> int | None:
 
 
 def spec_of_run(run: Run) -> Any:
-    """The model spec a run carries in its meta (``plan_full``), else None."""
+    """The model spec a run carries in its meta (``plan_full``), else the catalog's spec of its
+    ``model`` when the layer counts agree (a simulated run of a catalog model), else None.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> spec_of_run(offload_lab.simulate(plan, "h200", steps=1)).name
+    'wan2.1-t2v-1.3b'
+    """
+    from offload_lab.model import catalog
     from offload_lab.model.spec import ModelSpec
 
     d = (run.meta.get("plan_full") or {}).get("spec")
-    if not isinstance(d, dict):
-        return None
-    try:
-        return ModelSpec.from_dict(d)
-    except Exception:  # an older or foreign spec layout: the curve is simply not fitted
-        return None
+    if isinstance(d, dict):
+        try:
+            return ModelSpec.from_dict(d)
+        except Exception:  # an older or foreign spec layout: try the catalog
+            pass
+    model = run.meta.get("model")
+    if model in catalog.names():
+        spec = catalog.load(model)
+        if sum(g.num_layers for g in spec.groups) == len(run.layers):
+            return spec
+    return None
 
 
 def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any) -> dict[str, list[float]]:
