@@ -106,29 +106,32 @@ def tokens_of(run: Run) -> int | None:
 
 
 def spec_of_run(run: Run) -> Any:
-    """The model spec a run carries in its meta (``plan_full``), else the catalog's spec of its
-    ``model`` when the layer counts agree (a simulated run of a catalog model), else None.
+    """The spec behind a run, for the FLOPs model: the catalog's spec of its ``model`` when the
+    run is of that model at full size (its layers and bytes agree; the catalog knows the
+    architecture and the text tokens), else the spec the run carries in its meta (``plan_full``,
+    e.g. a scaled or truncated model), else None.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> spec_of_run(offload_lab.simulate(plan, "h200", steps=1)).name
-    'wan2.1-t2v-1.3b'
+    >>> spec_of_run(offload_lab.simulate(plan, "h200", steps=1)).meta["arch"]
+    'wan'
     """
     from offload_lab.model import catalog
     from offload_lab.model.spec import ModelSpec
 
+    model = run.meta.get("model")
+    if model in catalog.names():
+        spec = catalog.load(model)
+        if (sum(g.num_layers for g in spec.groups) == len(run.layers)
+                and sum(layer.bytes for layer in spec.iter_layers()) == int(run.layers["bytes"].sum())):
+            return spec
     d = (run.meta.get("plan_full") or {}).get("spec")
     if isinstance(d, dict):
         try:
             return ModelSpec.from_dict(d)
-        except Exception:  # an older or foreign spec layout: try the catalog
-            pass
-    model = run.meta.get("model")
-    if model in catalog.names():
-        spec = catalog.load(model)
-        if sum(g.num_layers for g in spec.groups) == len(run.layers):
-            return spec
+        except Exception:  # an older or foreign spec layout: no FLOPs for this run
+            return None
     return None
 
 

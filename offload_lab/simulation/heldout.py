@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.simulation.calibration import tokens_of
+from offload_lab.simulation.calibration import spec_of_run, tokens_of
 from offload_lab.simulation.errors import SimError
 
 __all__ = ["held_out", "SCHEMES"]
@@ -72,15 +72,12 @@ def fit(train: list[Any], model: str, tokens: int | None) -> Any:
 
 def predict(run: Any, prof: Any) -> float:
     """The median step (s) ``prof`` predicts for the plan ``run`` was made under; NaN if a tier is missing."""
-    from offload_lab import catalog, simulate
+    from offload_lab import simulate
     from offload_lab.simulation import ProfileError, plan_of_run
 
-    # the catalog's spec (real shapes, for the FLOPs model) when the run is of the full model;
-    # a scaled model (the CPU fixtures) keeps the spec rebuilt from its own layers
-    model = run.meta.get("model")
-    spec = catalog.load(model) if model in catalog.names() else None
-    if spec is not None and sum(g.num_layers for g in spec.groups) != len(run.layers):
-        spec = None
+    # the run's own spec (real shapes, for the FLOPs model) when it carries one or is a catalog
+    # model at full size; else the spec rebuilt from its layers
+    spec = spec_of_run(run)
     _, plan = plan_of_run(run, spec=spec)
     warm = int(run.meta.get("warmup_dropped", 0) or 0)
     try:
