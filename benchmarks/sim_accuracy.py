@@ -16,6 +16,9 @@ interleaved rounds), then prints per plan:
 * ``all``: predicted by one profile calibrated on all the runs together (which can fit the
   copy/compute contention of the CPU from the prefetch-0 vs prefetch-1 contrast).
 
+``parts``, ``self`` and ``all`` are in-sample (the profile saw the run); the held-out table
+(below them: leave-one-out, across token counts, across model sizes) is the measure.
+
 ``--runs DIR`` reads saved runs instead of measuring: a fixture directory (with its
 ``manifest.json``) gives the table above; any other directory of ``*.zip`` runs (e.g.
 ``data/runs/h200-2026-12-01``, or the ``runs/`` that ``scripts/gpu_check.py`` writes on a GPU)
@@ -51,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     from offload_lab import simulation as sim
     from offload_lab.record.run import Run
 
-    if args.runs and (Path(args.runs) / "manifest.json").exists():
+    fixture = args.runs and (Path(args.runs) / "manifest.json").exists() and \
+        "spec" in json.loads((Path(args.runs) / "manifest.json").read_text())
+    if fixture:
         d = Path(args.runs)
         manifest = json.loads((d / "manifest.json").read_text())
         runs = {n: Run.load(d / v["file"]) for n, v in manifest["runs"].items()}
@@ -103,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     for col in ("parts_err", "self_err", "cross_err", "all_err"):
         e = table[col].abs().dropna()
         print(f"  {col:9s} median |error| {e.median():.1%}, worst {e.max():.1%}")
-    return 0
+    print("(parts, self and all are in-sample: their profiles saw the run they predict; held out:)")
+    return _print_held_out(runs, where, [])
 
 
 def _held_out(d: Path) -> int:
     """The held-out table for a folder of saved runs (see :mod:`offload_lab.simulation.heldout`)."""
     from offload_lab.record.run import Run
-    from offload_lab.simulation.heldout import held_out
 
     runs, skipped = {}, []
     for f in sorted(d.glob("*.zip")):
@@ -121,12 +126,19 @@ def _held_out(d: Path) -> int:
     if not runs:
         print(f"no measured runs (*.zip) in {d}", file=sys.stderr)
         return 2
+    return _print_held_out(runs, str(d), skipped)
+
+
+def _print_held_out(runs: dict, where: str, skipped: list[str]) -> int:
+    from offload_lab.simulation.heldout import held_out
+
     t = held_out(runs)
-    print(f"simulator vs measured, held out: {len(runs)} measured runs in {d}")
+    print(f"simulator vs measured, held out: {len(runs)} measured runs in {where}")
     if skipped:
         print(f"skipped (the manager did not drive their copies): {', '.join(skipped)}")
     print("loo = calibrated on every other run; tokens = only the same model at other token counts; "
-          "model = only the other model size at the same tokens; n/a: no such training run, or none "
+          "model = only the other model size (its curve over this model's FLOPs); a mapped rate no training run "
+          "measured is taken at the pageable rate; n/a: no such training run, or none "
           "copied from this run's tier")
     fmt = {c: (lambda x: f"{x:+.1%}") for c in t.columns if c.endswith("_err")}
     print(t.to_string(index=False, formatters=fmt, float_format=lambda x: f"{x:.1f}", na_rep="n/a"))

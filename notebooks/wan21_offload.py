@@ -414,6 +414,45 @@ display(rec.front[["id", "residency", "resident_layers", "prefetch", "order", "t
 # The best plan keeps as many blocks resident as the device peak allows (non-layer weights +
 # resident blocks + the blocks in flight + an activation estimate) and streams the rest from
 # pinned memory. The report below carries the recommendation, its front and the explanation.
+# ## 7b. Calibrate from a short run, predict the full depth
+#
+# `offload-lab calibrate --model wan2.1-t2v-14b --layers 4 --out my-gpu.json` profiles 4 blocks
+# at full width on this machine (pinned and pageable, two token counts on a GPU) and fits a
+# device profile; every block has the same shapes, so it predicts all 40. Here, without a GPU,
+# the same command runs on the cpu backend on a small-width stand-in: calibrate on 4 blocks,
+# predict the 30-block model of that width, then measure the 30 blocks to compare.
+
+# %%
+from offload_lab.cli.app import main as cli
+from offload_lab.simulation import DeviceProfile
+
+if HAS_CUDA:
+    cli(["calibrate", "--model", "wan2.1-t2v-14b", "--layers", "4", "--out", str(OUT / "my-gpu.json"), "--force"])
+    mine = DeviceProfile.load(str(OUT / "my-gpu.json"))
+    plan40 = offload_lab.plan(specs["wan2.1-t2v-14b"], tier="pinned", prefetch=1,
+                              host=offload_lab.HostMemory(available="256GiB"))
+    pred = offload_lab.simulate(plan40, mine, steps=2, tokens=32760)
+    shipped = [r for r in gpu_runs if r.meta.get("model") == "wan2.1-t2v-14b" and only(r, "pinned")]
+    print(f"predicted 40 blocks from 4: {pred.step_time:.3f} s/step (simulated)"
+          + (f"; shipped 40-block measurement {shipped[0].step_time:.3f} s ({machine(shipped[0])})" if shipped else ""))
+else:
+    cli(["calibrate", "--model", "wan2.1-t2v-1.3b", "--layers", "4", "--scale", "0.05", "--tokens", "16",
+         "--backend", "cpu", "-n", "4", "--threads", "1", "--out", str(OUT / "my-cpu.json"), "--force"])
+    mine = DeviceProfile.load(str(OUT / "my-cpu.json"))
+    full = synthetic.build(specs["wan2.1-t2v-1.3b"], scale=0.05)
+    full_inputs = synthetic.example_inputs(full, tokens=16, text_tokens=mine.provenance["short_run"]["text_tokens"])
+    full_plan = offload_lab.plan(synthetic.spec_of(full), tier="pageable", prefetch=1,
+                                 host=offload_lab.HostMemory(available="64GiB"))
+    pred = offload_lab.simulate(full_plan, mine, steps=4)
+    meas = offload_lab.profile(full, lambda: full(**full_inputs), full_plan, steps=4, backend="cpu",
+                               label="30 blocks, all pageable (cpu, measured)")
+    print(f"30 blocks predicted from 4: {pred.step_time * 1e3:.1f} ms/step ± "
+          f"{(mine.step_error or 0) * 100:.0f} % (simulated) vs measured {meas.step_time * 1e3:.1f} ms "
+          f"({pred.step_time / meas.step_time - 1:+.0%}; a shared CPU is noisy)")
+    shipped = [r for r in gpu_runs if r.meta.get("model") == "wan2.1-t2v-14b" and only(r, "pinned")]
+    if shipped:
+        print(f"on a GPU, compare with the shipped 40-block T2V-14B measurement: "
+              f"{shipped[0].step_time:.3f} s/step all pinned ({machine(shipped[0])})")
 
 # %% [markdown]
 # ## 8. Report

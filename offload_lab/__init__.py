@@ -40,6 +40,7 @@ _EXPORTS = {
     "DeviceProfile": "simulation.profile", "simulate": "simulation.engine",
     "calibrate": "simulation.calibration", "NodeProfile": "simulation.node", "plan_of_run": "simulation.runs",
     "recommend": "simulation.recommend", "Recommendation": "simulation.recommend",
+    "held_out": "simulation.heldout",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
     "shipped_runs": "shipped", "load": "artifacts",

@@ -3,10 +3,14 @@
 
     .venv/bin/python scripts/calibrate_h200.py [--runs data/runs/h200-2026-12-01] [--check]
 
-Bandwidths come from the copy rows of the runs of each tier (median bytes/duration), the
-achieved compute rate from the 14B all-pinned run (its FLOPs per block from the catalog shapes
-over the measured per-block compute), host costs from ``offload_lab.calibrate`` on the pinned
-runs. Only ``mapped_cold`` (file pages not yet in the page cache) was not measured: it stays
+Bandwidths come from the copy rows of the runs of each tier (median bytes/duration); the
+compute curve (a per-block floor plus a saturated rate, ``floor + FLOPs / rate``) from
+``offload_lab.calibrate`` over every block of every measured run (1.3B at 32,760 and 1,024
+tokens, 14B at 32,760); the plain achieved rate (``tflops``, used for layers of a kind the
+curve has not seen) from the 14B all-pinned run; host costs from ``offload_lab.calibrate`` on
+the pinned runs; ``step_error`` (the ± band of a simulated step) is the worst leave-one-out
+error of the simulator over the measured runs (``offload_lab.simulation.heldout``). The profile
+itself is fitted on all the runs, so only the held-out figures measure it. Only ``mapped_cold`` (file pages not yet in the page cache) was not measured: it stays
 the estimate, and says so. ``--check`` exits 1 when the shipped file differs from what this
 script would write.
 """
@@ -52,12 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     pinned = [r for r in runs.values() if set(r.layers["tier"]) == {"pinned"} and r.meta["model"] == spec14.name
               and r.meta["gpu_check"]["tokens"] == tokens]
     host = offload_lab.calibrate(pinned)
+    from offload_lab.simulation.calibration import _fit_curve
+    from offload_lab.simulation.heldout import held_out
+
+    measured = [r for r in runs.values() if r.backend == "cuda"]
+    curve = _fit_curve(measured, False, None, None)
+    loo = held_out({p.stem: r for p, r in zip(files, runs.values()) if r.backend == "cuda"}, schemes=("loo",))
+    step_error = float(loo["loo_err"].abs().max())
 
     old = DeviceProfile.load("h200")
     d = old.to_dict()
     d["bandwidths"] = {"pinned": bw["pinned"], "pageable": bw["pageable"],
                        "mapped_warm": bw["mapped"], "mapped_cold": old.bandwidths["mapped_cold"]}
     d["tflops"] = round(tflops, 1)
+    d["compute_curve"] = {k: [round(v[0], 7), round(v[1], 1)] for k, v in sorted(curve.items())}
+    d["step_error"] = round(step_error, 3)
     d["hook_s"] = round(host.hook_s, 7)
     d["step_head_s"] = round(host.step_head_s, 6)
     # no staged run on this machine yet: a pageable copy is the driver's own host memcpy into
@@ -76,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
             "bandwidths: median bytes/duration of every copy row of each tier, all runs",
             f"tflops: catalog FLOPs of one T2V-14B block at {tokens} tokens / the median measured block "
             f"compute ({per_block_s * 1e3:.1f} ms) of '14B pinned p1'",
+            "compute_curve: floor + FLOPs / rate fitted by least squares to every block's median compute "
+            "of every measured run against its catalog FLOPs (offload_lab.calibrate)",
             "hook_s, step_head_s: offload_lab.calibrate on the all-pinned T2V-14B run at 480p",
             "memory_bytes: torch.cuda.get_device_properties().total_memory recorded in '14B pinned p1' "
             "(NVIDIA's H200 datasheet, nvidia.com/en-us/data-center/h200, gives 141 GB HBM3e)",
+            f"step_error: the worst leave-one-out error over the {len(loo)} measured runs "
+            "(benchmarks/sim_accuracy.py --runs data/runs/h200-2026-12-01)",
         ],
         "not_measured": ["mapped_cold: kept from the estimate (pages were in the page cache in every run)",
                          "host_memcpy_gbps: no staged run yet; set to the measured pageable rate, a lower "
@@ -97,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if same else 1
     DeviceProfile.from_dict(d)  # validates
     path.write_text(text)
-    print(f"wrote {path}: {d['bandwidths']}, {d['tflops']} TFLOP/s")
+    print(f"wrote {path}: {d['bandwidths']}, {d['tflops']} TFLOP/s, curve {d['compute_curve']}, "
+          f"step_error {d['step_error']}")
     return 0
 
 

@@ -11,6 +11,10 @@ budget allows. Every Run is saved under DIR (also bundled as ``gpu_runs.tar``), 
 comparison table (``comparison.csv``) and the simulator's predictions from a profile
 calibrated on the pinned run (``sim_accuracy.csv``). Needs only torch, pandas, pyarrow, psutil
 and safetensors. Without CUDA it exits with a clear message.
+
+``--stage evidence`` (or a comma-separated list of its stages) runs the measurements the
+simulator's accuracy still lacks instead: see ``scripts/gpu_stages.py`` for the stages, their
+times and which to skip when short of time.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_stages import STAGES, run_stages  # noqa: E402
 
 
 def fast_build(spec, dev, seed: int = 0, **kw):
@@ -278,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
-    ap.add_argument("--stage", choices=("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks",
-                                        "pipeline", "staged"),
-                    default="all",
+    ap.add_argument("--stage", default="all",
                     help="main: smoke + measured runs; smoke: only the correctness checks; "
                          "ranks: the multi-rank checks (nccl gather, host staging bandwidth; about a minute); "
                          "staged: pinned vs pageable (both issue orders) vs staged vs a quarter pinned + staged, "
@@ -289,9 +293,15 @@ def main(argv: list[str] | None = None) -> int:
                          "recommend: recommend() then confirm() on cuda, predicted vs measured step and "
                          "device peak (about a minute); "
                          "pipeline: a tiny diffusers WanPipeline with no step markers (under a minute); "
-                         "diffusers: its group offloading observed beside ours, if diffusers is installed "
-                         "(default all)")
+                         "diffusers: its group offloading observed beside ours, if diffusers is installed; "
+                         "evidence: every stage of scripts/gpu_stages.py, or a comma-separated list of them "
+                         f"({', '.join(STAGES)}) (default all)")
     args = ap.parse_args(argv)
+    evidence = list(STAGES) if args.stage == "evidence" else [x for x in args.stage.split(",") if x in STAGES]
+    named = ("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks", "pipeline", "staged")
+    if not evidence and args.stage not in named:
+        ap.error(f"--stage {args.stage!r}; accepted: {', '.join(named)}, evidence "
+                 f"or a comma-separated list of {list(STAGES)}")
 
     import torch
 
@@ -364,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
 
     inputs_tokens = [args.tokens]
     import json
+
+    if evidence:
+        return 1 if run_stages(evidence, out, dev) else 0
 
     if args.stage in ("all", "extras"):
         try:

@@ -72,3 +72,41 @@ def test_the_shipped_h200_runs_are_predicted_across_model_sizes():
 def test_bad_input():
     with pytest.raises(SimError, match="non-empty dict"):
         held_out({})
+
+
+def test_two_token_counts_recover_a_known_compute_curve():
+    # runs simulated on a profile whose blocks cost 2 ms + FLOPs / 300 TFLOP/s: calibrating on
+    # them at two token counts gives that floor and rate back (the truth is the input profile)
+    spec = ol.catalog.load("wan2.1-t2v-1.3b")
+    truth = ol.DeviceProfile("truth", {"pinned": 50.0}, compute_curve={"blocks": [0.002, 300.0]})
+    plan = ol.plan(spec, tier="pinned", host=ol.HostMemory(available="64GiB"))
+    runs = [ol.simulate(plan, truth, steps=3, tokens=n) for n in (1024, 32760)]
+    fit = ol.calibrate(runs)
+    floor, rate = fit.compute_curve["blocks"]
+    assert floor == pytest.approx(0.002, rel=1e-3) and rate == pytest.approx(300.0, rel=1e-3)
+    # per-layer seconds are kept at the most common count (a tie: the larger) and carried to
+    # the other count by the curve, not by the FLOPs ratio
+    assert fit.tokens == 32760
+    again = ol.simulate(plan, fit, steps=3, tokens=1024)
+    assert again.step_time == pytest.approx(runs[0].step_time, rel=0.02)
+
+
+@pytest.fixture(scope="module")
+def h200_table():
+    runs = {f.stem: ol.Run.load(f) for f in sorted(H200.glob("*.zip"))}
+    return held_out({n: r for n, r in runs.items() if r.backend == "cuda"}).set_index("run")
+
+
+@pytest.mark.skipif(not H200.exists(), reason="the shipped H200 runs are not in this checkout")
+def test_h200_held_out_targets(h200_table):
+    t = h200_table
+    at480 = t[t["tokens"] == 32760]
+    # leave-one-out: every 480p run within 5 %, every run within 5 %
+    assert at480["loo_err"].abs().max() <= 0.05, at480["loo_err"]
+    assert t["loo_err"].abs().max() <= 0.05
+    # 480p -> 1,024 tokens within 10 %
+    k1 = t[t["tokens"] == 1024]
+    assert len(k1) == 2 and k1["tokens_err"].abs().max() <= 0.10, k1["tokens_err"]
+    # 1.3B -> 14B within 10 %
+    big = t.loc[["10-14B_pinned_p1", "11-14B_pageable_p1"], "model_err"]
+    assert big.abs().max() <= 0.10, big

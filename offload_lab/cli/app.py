@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from offload_lab import __version__
-from offload_lab.cli import export
+from offload_lab.cli import calibrate, export
 from offload_lab.cli.outputs import FORCE_HELP
 from offload_lab.planning.options import (
     MAX_LAYERS,
@@ -125,6 +125,7 @@ commands:
   report     one offline HTML report from saved runs
   catalog    the shipped models and device profiles
   export     a saved run as a Chrome trace for Perfetto / chrome://tracing
+  calibrate  a device profile of this machine from a short run of a few layers
 
 examples:
   offload-lab demo
@@ -198,7 +199,8 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, recommend, report, catalog, export).
+    """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, recommend, report,
+    catalog, export, calibrate).
 
     >>> args = build_parser().parse_args(["simulate", "minimax-h3", "--device", "h200", "-b", "8GiB"])
     >>> args.command, args.pin_budget == 8 * 2**30, args.force
@@ -217,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub, fmt)
     _add_catalog(sub, fmt)
     export.add_parser(sub)
+    calibrate.add_parser(sub)
     return parser
 
 
@@ -385,7 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("no command given; choose one of demo, plan, profile, simulate, recommend, report, catalog, export")
+        parser.error("no command given; choose one of demo, plan, profile, simulate, recommend, report, catalog, "
+                     "export, calibrate")
     try:
         module, _, name = args.func.partition(":")
         return int(getattr(importlib.import_module(module), name)(args) or 0)

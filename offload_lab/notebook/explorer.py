@@ -236,8 +236,14 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
             raise ExplorerError(f"the controls make no valid plan to simulate: {self.plan_error}")
         run = simulate(self.plan, self._profile(), steps=int(self.steps.value),
                        tokens=self.tokens)
+        from offload_lab.views.report_data import same_plan
+        from offload_lab.views.text import fmt_step
+
+        measured = [r for r in self.runs if not r.simulated and same_plan(r, run)]
+        beside = (f"; measured {viz.fmt_seconds(measured[-1].step_time)} under the same plan "
+                  f"({run.step_time / measured[-1].step_time - 1:+.1%} predicted vs measured)") if measured else ""
         self._set_last(run, f"simulated on {self.profile_choice.value}: "
-                            f"{viz.fmt_seconds(run.step_time)} per step")
+                            f"{fmt_step(run.step_time, run.meta)} per step{beside}")
         return run
 
     def run(self, **overrides: Any) -> Run:
@@ -422,3 +428,4 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
                         f"target='_blank'>{html.escape(str(self.report_file))}</a>")
         self._show_status(raw=True)
         return self.report_file
+

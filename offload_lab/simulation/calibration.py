@@ -15,7 +15,7 @@ from offload_lab.simulation.layers import _prepare
 from offload_lab.simulation.profile import DeviceProfile
 from offload_lab.simulation.runs import plan_of_run
 
-__all__ = ["calibrate", "CPU_PRIOR"]
+__all__ = ["calibrate", "CPU_PRIOR", "tokens_of", "spec_of_run"]
 
 #: (contention, copy_priority) assumed for a cpu run that cannot show its own: the two take
 #: turns and the copy goes first. Fitted on this project's fixture runs (tests/data/runs, a
@@ -63,10 +63,125 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     >>> fit.provenance["kind"], round(offload_lab.simulate(plan, fit, steps=3).step_time / sim.step_time, 6)
     ('measured', 1.0)
 
+    - **Compute curve** (``compute_curve``): per group, ``floor_s + FLOPs / tflops`` fitted by
+      least squares to every layer's median compute against its FLOPs (from the spec the run
+      carries in its meta) at the runs' token counts. Runs at two or more token counts fit the
+      launch/latency floor and the saturated rate; one token count fits the rate alone (floor 0).
+      With runs at several token counts, per-layer ``compute_s`` and the step matching come from
+      the runs at ``tokens`` (default: the most common count), bandwidths from all of them.
+      ``compute_s`` also keeps each group's median under the group's name, so a profile fitted
+      on a truncated model (a few layers at full width) predicts every layer of the full one.
+
     Not fitted: ``launch_s`` and ``issue_s`` (folded into ``hook_s``), ``copy_latency_s`` (folded
     into the bandwidths) and ``step_tail_s`` (folded into ``step_head_s``).
     """
     runs, backend, sync = _check_runs(run, contention, copy_priority)
+    counts: dict[int | None, int] = {}
+    for r in runs:
+        counts[tokens_of(r)] = counts.get(tokens_of(r), 0) + 1
+    if tokens is None:
+        # the most common token count; ties go to the larger (the operating point, not a probe)
+        tokens = max(counts, key=lambda t: (counts[t], t or 0))
+    at = [r for r in runs if tokens_of(r) in (tokens, None)] or runs
+    prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False)
+    curve = _fit_curve(runs, sync, contention, copy_priority)
+    if len(at) < len(runs):
+        # bandwidths do not depend on tokens: every run's copies count
+        every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False)
+        prof = prof.replace(bandwidths={**every.bandwidths})
+    prof = prof.replace(compute_curve=curve)
+    return _match_steps(prof, at) if match_steps else prof
+
+
+def tokens_of(run: Run) -> int | None:
+    """The video token count a run used (its meta's ``tokens``, or the GPU check's), else None.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> tokens_of(offload_lab.simulate(plan, "h200", steps=1, tokens=1024))
+    1024
+    """
+    t = run.meta.get("tokens") or (run.meta.get("gpu_check") or {}).get("tokens")
+    return int(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 else None
+
+
+def spec_of_run(run: Run) -> Any:
+    """The spec behind a run, for the FLOPs model: the catalog's spec of its ``model`` when the
+    run is of that model at full size (its layers and bytes agree; the catalog knows the
+    architecture and the text tokens), else the spec the run carries in its meta (``plan_full``,
+    e.g. a scaled or truncated model), else None.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> spec_of_run(offload_lab.simulate(plan, "h200", steps=1)).meta["arch"]
+    'wan'
+    """
+    from offload_lab.model import catalog
+    from offload_lab.model.spec import ModelSpec
+
+    model = run.meta.get("model")
+    if model in catalog.names():
+        spec = catalog.load(model)
+        if (sum(g.num_layers for g in spec.groups) == len(run.layers)
+                and sum(layer.bytes for layer in spec.iter_layers()) == int(run.layers["bytes"].sum())):
+            return spec
+    d = (run.meta.get("plan_full") or {}).get("spec")
+    if isinstance(d, dict):
+        try:
+            return ModelSpec.from_dict(d)
+        except Exception:  # an older or foreign spec layout: no FLOPs for this run
+            return None
+    return None
+
+
+def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any) -> dict[str, list[float]]:
+    """``{group: [floor_s, tflops], "*": ...}`` from each layer's median compute against its FLOPs."""
+    from offload_lab.model import flops
+
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for r in runs:
+        spec, tok = spec_of_run(r), tokens_of(r)
+        if spec is None or tok is None:
+            continue
+        part = _observe(r, sync)
+        comp_d = _fit_contention(_gather([part]), sync, contention, copy_priority)[0]
+        med = pd.Series(comp_d).groupby(pd.MultiIndex.from_tuples(part["comp_key"])).median()
+        for (g, i), secs in med.items():
+            try:
+                fl = flops.layer_flops(spec, g, tok, layer=int(i))
+            except Exception:  # a group the spec does not have: no point
+                continue
+            if fl > 0 and secs > 0:
+                pts.setdefault(g, []).append((fl, float(secs)))
+    curve = {g: c for g, p in pts.items() if (c := _line(p)) is not None}
+    every = _line([x for p in pts.values() for x in p])
+    if every is not None:
+        curve["*"] = every
+    return curve
+
+
+def _line(pts: list[tuple[float, float]]) -> list[float] | None:
+    """``[floor_s, tflops]`` with ``t = floor + F / rate`` by least squares (relative); floor 0 if one F."""
+    if not pts:
+        return None
+    F = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    if F.max() >= 1.5 * F.min():
+        # weights 1/t: relative errors count, so a launch-bound point is not drowned by a big one
+        slope, floor = np.polyfit(F, t, 1, w=1.0 / t)
+        if slope > 0 and floor >= 0:
+            return [float(floor), float(1.0 / slope / 1e12)]
+    # one operating point (or a fit that went negative): a rate through the origin
+    slope = float((t * F).sum() / (F * F).sum())
+    return [0.0, float(1.0 / slope / 1e12)] if slope > 0 else None
+
+
+def _calibrate(runs: list[Run], name: str | None, contention: Any, copy_priority: Any,
+               tokens: int | None, match_steps: bool) -> DeviceProfile:
+    """The fit of one token count's runs (see :func:`calibrate`)."""
+    runs, backend, sync = _check_runs(runs, contention, copy_priority)
     parts = [_observe(r, sync) for r in runs]
     cat = _gather(parts)
     comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority)
@@ -75,9 +190,6 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     wake = np.concatenate([p["wake"] for p in parts])
     block_tiers = set().union(*(p["block_tiers"] for p in parts))
     copy_tiers = set(cat["copy_tier"].tolist())
-    if tokens is None:
-        t = runs[0].meta.get("tokens")
-        tokens = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
     labels = [r.label for r in runs]
     prof = DeviceProfile(
         name=name or f"calibrated-{backend}",
@@ -216,7 +328,7 @@ def _fit_bandwidths(cat: dict[str, Any], copy_d: np.ndarray) -> dict[str, float]
 
 
 def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
-    """Seconds per forward of each ``"group.layer"``."""
+    """Seconds per forward of each ``"group.layer"``, and each group's median under its name."""
     names_ = [f"{g}.{i}" for g, i in cat["comp_key"]]
     per_layer = pd.Series(comp_d).groupby(names_).median()
     # medians per layer miss what a disturbed step spreads over all its layers; scale them so a
@@ -224,40 +336,67 @@ def _fit_compute(cat: dict[str, Any], comp_d: np.ndarray) -> dict[str, float]:
     per_step = pd.Series(comp_d).groupby(cat["comp_step"]).sum()
     typical = pd.Series(per_layer.reindex(names_).to_numpy()).groupby(cat["comp_step"]).sum()
     k = float(np.median(per_step.to_numpy() / typical.to_numpy())) if float(typical.min()) > 0 else 1.0
-    return {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
+    out = {str(name_): max(0.0, float(v) * k) for name_, v in per_layer.items()}
+    groups = pd.Series(list(out.values())).groupby([n.rsplit(".", 1)[0] for n in out]).median()
+    return {**{str(g): float(v) for g, v in groups.items()}, **out}
 
 
-def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int) -> float:
-    """``simulate(...).step_time`` without building the Run's frames (calibration loops on it)."""
+def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: int, passes: int,
+                 span: bool = False) -> float | tuple[float, float]:
+    """``simulate(...).step_time`` without building the Run (calibration loops on it); with
+    ``span``, also the median span of a step's layers (first compute start to last compute end)."""
     _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
-    _, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=False,
-                               issue=getattr(plan, "issue", None) or "after-compute")
+    ev, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=span,
+                                issue=getattr(plan, "issue", None) or "after-compute")
     kept = bounds.iloc[warmup:]
-    return float((kept["end_s"] - kept["start_s"]).median())
+    step = float((kept["end_s"] - kept["start_s"]).median())
+    if not span:
+        return step
+    comp = ev[(ev["kind"] == "compute") & (ev["step"] >= warmup)]
+    return step, _median_span(comp)
+
+
+def _median_span(comp: pd.DataFrame) -> float:
+    """Median over steps of (last compute end - first compute start)."""
+    if not len(comp):
+        return 0.0
+    g = comp.groupby("step")
+    return float((g["end_s"].max() - g["start_s"].min()).median())
 
 
 def _match_steps(prof: DeviceProfile, runs: list[Run]) -> DeviceProfile:
-    """Put what the model leaves unexplained of the runs' median step into ``step_head_s``.
+    """Put what the model leaves unexplained of the runs' median step into the host costs.
 
     The other fits explain a step from its parts; time they miss (non-layer work, interpreter
-    pauses, a shared machine's scheduling) is still paid once per step. Simulating each run's
-    own plan and moving the median residual into the per-step head makes the profile reproduce
-    the median steps it was fitted on; other plans then test the fit. A few rounds, since in
-    sync mode head time also lets a copy thread progress.
+    pauses, a shared machine's scheduling) is still paid. The residual is split where the runs
+    show it: what the simulated span of a step's layers (first compute start to last compute
+    end) misses of the measured span is paid per layer forward (``hook_s``, sync mode: there the
+    host thread runs every layer), the rest once per step (``step_head_s``). So the profile reproduces the median steps it was fitted on, and a
+    profile fitted on a truncated model carries its per-layer costs to the full depth. A few
+    rounds, since in sync mode host time also lets a copy thread progress.
     """
-    for _ in range(4):
-        resid = []
+    for _ in range(6):
+        resid, inside, per_layer = [], [], []
         for r in runs:
             spec, plan = plan_of_run(r)
             warm = int(r.meta.get("warmup_dropped", 0) or 0)
-            got = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm,
-                               passes=_passes_of(r))
+            passes = _passes_of(r)
+            got, span = _median_step(spec, plan, prof, steps=len(r.steps) + warm, warmup=warm,
+                                     passes=passes, span=True)
+            ev = r.events
             resid.append(r.step_time - got)
-        delta = float(np.median(resid))
-        head = max(0.0, prof.step_head_s + delta)
-        if abs(head - prof.step_head_s) <= 1e-4 * max(r.step_time for r in runs):
+            inside.append(_median_span(ev[ev["kind"] == "compute"]) - span)
+            per_layer.append(max(1, len(r.layers) * passes - 1))
+        # async (a GPU): the host runs ahead of the device, so host time per layer does not
+        # lengthen the layers' span; the whole residual stays per step
+        d_in = float(np.median([i / n for i, n in zip(inside, per_layer)])) if prof.compute_mode == "sync" else 0.0
+        hook = max(0.0, prof.hook_s + d_in)
+        d_out = float(np.median(resid)) - (hook - prof.hook_s) * float(np.median(per_layer))
+        head = max(0.0, prof.step_head_s + d_out)
+        tol = 1e-4 * max(r.step_time for r in runs)
+        if abs(head - prof.step_head_s) <= tol and abs(hook - prof.hook_s) * float(np.median(per_layer)) <= tol:
             break
-        prof = prof.replace(step_head_s=head)
+        prof = prof.replace(step_head_s=head, hook_s=hook)
     return prof
 
 

@@ -45,8 +45,13 @@ class DeviceProfile:
     layer (non-layer work, the step markers).
 
     Compute is ``compute_s`` (seconds per forward, keyed ``"group.layer"`` or ``"group"``), else
-    FLOPs from :func:`offload_lab.flops.layer_flops` over ``tflops`` (achieved TFLOP/s). Per-layer
-    seconds measured at ``tokens`` are scaled by the FLOPs ratio when a run asks for other tokens.
+    ``compute_curve`` (``{kind: [floor_s, tflops]}``, a kind being a group name or ``"*"``):
+    ``floor_s + FLOPs / tflops`` per forward, a launch/latency floor plus a rate that the
+    block saturates as tokens grow (fitted by :func:`calibrate` from runs at two or more token
+    counts, or from a short run of a truncated model), else FLOPs over ``tflops`` alone.
+    Per-layer seconds measured at ``tokens`` are scaled to other tokens by the curve's ratio
+    when the layer's kind has one, else by the FLOPs ratio. ``step_error`` is the profile's
+    held-out relative error of a median step (e.g. 0.05): simulated runs carry it as a ± band.
     ``compute_mode`` is ``"async"`` (a GPU: the host launches and runs ahead; steps begin and end
     with a device synchronise, as the cuda backend does) or ``"sync"`` (the cpu backend: the host
     thread runs each block itself). In sync mode, while a copy-engine copy overlaps the host's
@@ -82,6 +87,8 @@ class DeviceProfile:
     compute_s: dict[str, float] = field(default_factory=dict)
     tflops: float | None = None
     tokens: int | None = None
+    compute_curve: dict[str, list[float]] = field(default_factory=dict)
+    step_error: float | None = None
     compute_mode: str = "async"
     contention: float = 0.0
     copy_priority: float = 0.5
@@ -123,6 +130,13 @@ class DeviceProfile:
         if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int)
                                         or self.tokens <= 0):
             raise ProfileError(f"profile {self.name!r}: tokens = {self.tokens!r}; accepted: a positive int or None")
+        self.compute_curve = {str(k): _check_curve(self.name, k, v) for k, v in dict(self.compute_curve or {}).items()}
+        if self.step_error is not None:
+            e = self.step_error
+            if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or not 0 <= e < 1:
+                raise ProfileError(f"profile {self.name!r}: step_error = {e!r}; accepted: a relative error "
+                                   f"in [0, 1) (0.05 = ±5 %) or None")
+            self.step_error = float(e)
         if self.compute_mode not in COMPUTE_MODES:
             raise ProfileError(f"profile {self.name!r}: compute_mode {self.compute_mode!r}; "
                                f"accepted: {list(COMPUTE_MODES)}")
@@ -207,35 +221,49 @@ class DeviceProfile:
     def blocks_host(self, tier: str) -> bool:
         return (tier == "pageable" and self.pageable_blocks_host) or (tier == "mapped" and self.mapped_blocks_host)
 
+    def curve_seconds(self, group: str, flops_: float) -> float | None:
+        """Seconds of a forward of ``flops_`` FLOPs on the compute curve of ``group``'s kind, else None."""
+        curve = self.compute_curve.get(group) or self.compute_curve.get("*")
+        if curve is None:
+            return None
+        return curve[0] + flops_ / (curve[1] * 1e12)
+
     def compute_seconds(self, spec: Any, group: str, layer: int, tokens: int | str | None = None) -> float:
         """Seconds of one forward of ``group.layer``.
 
         >>> DeviceProfile("x", {"pinned": 1}, compute_s={"blocks": 0.02}).compute_seconds(None, "blocks", 3)
         0.02
         """
+        from offload_lab.model import flops
+
         for key in (f"{group}.{layer}", group):
             if key in self.compute_s:
                 secs = self.compute_s[key]
                 if tokens is not None and self.tokens is not None:
-                    from offload_lab.model import flops
-
                     want = flops.resolve_tokens(spec, tokens)
                     if want != self.tokens:
                         base = flops.layer_flops(spec, group, self.tokens, layer=layer)
-                        if base > 0:
-                            secs *= flops.layer_flops(spec, group, want, layer=layer) / base
+                        new = flops.layer_flops(spec, group, want, layer=layer)
+                        cb, cn = self.curve_seconds(group, base), self.curve_seconds(group, new)
+                        # the curve's ratio keeps the launch floor, which a FLOPs ratio scales away
+                        if cb and cn is not None:
+                            secs *= cn / cb
+                        elif base > 0:
+                            secs *= new / base
                 return secs
-        if self.tflops is None:
+        if self.tflops is None and not (self.compute_curve.get(group) or self.compute_curve.get("*")):
             known = sorted(self.compute_s)[:6]
             raise ProfileError(
                 f"profile {self.name!r} has no compute time for layer {group}.{layer}: no "
-                f"compute_s key {f'{group}.{layer}'!r} or {group!r} (keys: {known}{'...' if len(self.compute_s) > 6 else ''}) "
-                f"and no tflops rate")
-        from offload_lab.model import flops
-
+                f"compute_s key {f'{group}.{layer}'!r} or {group!r} (keys: {known}{'...' if len(self.compute_s) > 6 else ''}), "
+                f"no compute_curve for {group!r} or '*', and no tflops rate")
         if tokens is None:
             tokens = self.tokens if self.tokens is not None else _default_tokens(spec)
-        return flops.layer_flops(spec, group, tokens, layer=layer) / (self.tflops * 1e12)
+        fl = flops.layer_flops(spec, group, tokens, layer=layer)
+        on_curve = self.curve_seconds(group, fl)
+        if on_curve is not None:
+            return on_curve
+        return fl / (self.tflops * 1e12)
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -313,6 +341,17 @@ class DeviceProfile:
                (f"{' + ' if self.compute_s else ''}{self.tflops:.4g} TFLOP/s" if self.tflops else "")
         return (f"DeviceProfile({self.name!r}, {self.provenance.get('kind')}, GB/s: {bw}; "
                 f"{comp or 'no compute model'}; {self.compute_mode})")
+
+
+def _check_curve(name: str, kind: Any, v: Any) -> list[float]:
+    """A compute curve entry ``[floor_s, tflops]``: a floor >= 0 s and a rate > 0 TFLOP/s."""
+    ok = (isinstance(v, (list, tuple)) and len(v) == 2
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+          and v[0] >= 0 and v[1] > 0)
+    if not ok:
+        raise ProfileError(f"profile {name!r}: compute_curve[{kind!r}] = {v!r}; accepted: "
+                           f"[floor seconds >= 0, TFLOP/s > 0]")
+    return [float(v[0]), float(v[1])]
 
 
 def _devices_dir() -> Path:

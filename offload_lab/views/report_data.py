@@ -18,13 +18,20 @@ import pandas as pd
 from offload_lab.analysis import summary
 from offload_lab.record.run import Run
 from offload_lab.views.tables import noise_note
-from offload_lab.views.text import fmt_bytes, fmt_number, fmt_percent, fmt_ratio, fmt_seconds
+from offload_lab.views.text import (
+    fmt_bytes,
+    fmt_number,
+    fmt_percent,
+    fmt_ratio,
+    fmt_seconds,
+    fmt_step,
+)
 
 _LEDGER_NAMES = [("available", "host available"), ("reserve", "reserve (max(5 %, 2 GiB))"),
                  ("spendable", "spendable"), ("budget", "pin budget"), ("pinned_bytes", "pinned"),
                  ("net_anonymous_bytes", "net new anonymous")]
 
-__all__ = ["env_row", "ledger_rows", "param_items", "plan_data", "run_rows"]
+__all__ = ["env_row", "ledger_rows", "param_items", "plan_data", "run_rows", "same_plan"]
 
 
 def _row(key: str, value: Any, cls: str = "") -> dict[str, str]:
@@ -86,7 +93,7 @@ def _facts(r: Run, m: dict[str, Any]) -> list[dict[str, str]]:
         _row("tiers", m["tiers"]),
         _row("steps", f"{m['steps']} measured (warm-up dropped: {r.meta.get('warmup_dropped', 0)})"
                       + _calls_text(r)),
-        _row("median step", f"{fmt_seconds(m['step_s'])} (compute {fmt_seconds(m['compute_s'])}, "
+        _row("median step", f"{fmt_step(m['step_s'], r.meta)} (compute {fmt_seconds(m['compute_s'])}, "
                             f"copy {fmt_seconds(m['copy_s'])})"),
         _row("slowest / fastest step", f"×{spread}" + (" (noisy)" if m["noisy"] else ""),
              "bad" if m["noisy"] else ""),
@@ -162,12 +169,40 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
             "ratio_note": str(c["ratio_note"] or ""),
             "note": "; ".join(x for x in (str(c["ratio_note"] or ""), noise and "noisy") if x),
             "noise": noise or "", "bound_text": _bound_text(m), "profile": _profile_name(r),
-            "facts": _facts(r, m),
+            "facts": _facts(r, m) + _beside(r, runs),
             "plan_params": param_items({k: v for k, v in plan_meta.items() if k not in ("ledger", "warnings")}),
             "plan_ledger": ledger_rows(led) if led else [],
             "env": env_row(r),
         })
     return out
+
+
+def same_plan(a: Run, b: Run) -> bool:
+    """Whether two runs ran the same plan of the same model (the tier of every layer, prefetch).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> same_plan(offload_lab.simulate(plan, "h200", steps=1), offload_lab.simulate(plan, "h200", steps=2))
+    True
+    """
+    la, lb = a.layers, b.layers
+    return (a.meta.get("model") == b.meta.get("model") and len(la) == len(lb)
+            and list(la["tier"].astype(str)) == list(lb["tier"].astype(str))
+            and a.meta.get("prefetch") == b.meta.get("prefetch"))
+
+
+def _beside(r: Run, runs: list[Run]) -> list[dict[str, str]]:
+    """A simulated run's measured twin (same model and plan) in the report, or the reverse."""
+    twins = [x for x in runs if x.simulated != r.simulated and same_plan(x, r)]
+    if not twins:
+        return []
+    t = twins[0]
+    sim, meas = (r, t) if r.simulated else (t, r)
+    err = sim.step_time / meas.step_time - 1 if meas.step_time > 0 else math.nan
+    what = "measured, same plan" if r.simulated else "predicted, same plan"
+    return [_row(what, f"{fmt_step(t.step_time, t.meta)} ({t.label}); predicted vs measured "
+                       f"{f'{err:+.1%}' if math.isfinite(err) else '–'}")]
 
 
 def env_row(r: Run) -> list[str]:

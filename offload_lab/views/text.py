@@ -19,7 +19,7 @@ from typing import Any
 
 from offload_lab.units import format_bytes
 
-__all__ = ["TextError", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
+__all__ = ["TextError", "fmt_step", "step_band", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
            "split_labels", "strip_simulated", "text_table", "time_unit", "wrap"]
 
 
@@ -205,3 +205,32 @@ def wrap(text: Any, width: int = 28, sep: str = "<br>") -> str:
             cur = f"{cur} {w}" if cur else w
     lines.append(cur)
     return sep.join(lines)
+
+
+def step_band(meta: Any) -> float | None:
+    """The ± relative band of a simulated run's step time: its profile's held-out ``step_error``.
+
+    >>> step_band({"simulated": True, "profile": {"step_error": 0.047}})
+    0.047
+    >>> step_band({"simulated": False}) is None
+    True
+    """
+    if not isinstance(meta, dict) or not meta.get("simulated"):
+        return None
+    prof = meta.get("profile")
+    e = prof.get("step_error") if isinstance(prof, dict) else None
+    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 else None
+
+
+def fmt_step(seconds: Any, meta: Any = None) -> str:
+    """A step time, with its ± band when it is simulated on a profile that knows its held-out error.
+
+    >>> fmt_step(0.6215, {"simulated": True, "profile": {"step_error": 0.047}})
+    '622 ms ± 4.7 % (simulated; held-out error of the profile)'
+    >>> fmt_step(0.6215, {"simulated": False})
+    '622 ms'
+    """
+    band = step_band(meta)
+    if band is None:
+        return fmt_seconds(seconds)
+    return f"{fmt_seconds(seconds)} ± {band * 100:.1f} % (simulated; held-out error of the profile)"

@@ -1,0 +1,249 @@
+"""The GPU measurements the simulator's accuracy still lacks, as stages of ``scripts/gpu_check.py``.
+
+    PYTHONPATH=. python3 scripts/gpu_check.py --out DIR --stage evidence            # all below
+    PYTHONPATH=. python3 scripts/gpu_check.py --out DIR --stage tokens,short,overhead
+
+Each stage saves its runs as ``DIR/<stage>-NN-<label>.zip`` with the machine's facts in
+``meta["machine"]`` (GPU, driver, CUDA, host cores and memory, package versions) and writes
+``DIR/<stage>.json`` with what it checked. Estimated times on one H200 (from the shipped runs:
+1.3B 0.62 s and 14B 3.3 s / 6.4 s per step at 480p; building a 14B model ≈ 1 min):
+
+| stage | what | ≈ s |
+| --- | --- | ---: |
+| ``tokens`` | 1.3B pinned p1 at 1,024 / 4,096 / 16,384 / 32,760 / 75,600 tokens; 14B pinned at 1,024: the compute curve from more than two token counts, held out across tokens both ways | 60 |
+| ``short`` | ``offload-lab calibrate`` on 4 layers of 14B at 480p and 1,024, then the full 40 layers: the short-run prediction checked | 90 |
+| ``overhead`` | 1.3B at 480p: bare forwards vs the manager with everything resident | 15 |
+| ``cfg720`` | 1.3B pinned p1 at 720p, two calls per step (classifier-free guidance) | 30 |
+| ``budgets`` | 14B at pin budgets 25 / 50 / 75 % × orders execution / reverse / strided / largest | 200 |
+| ``repeats`` | 14B pinned and pageable, 5 measured steps, 2 repeats, outputs compared bit for bit with the unmanaged model | 150 |
+
+Together about 9 minutes; short of time, skip ``budgets`` first, then ``repeats``. Not here
+yet (they need more than a script of this size): MiniMax-H3 at full size, torch's
+``pin_memory()`` against the exact registered stores, and diffusers' group offloading timed
+without the observer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+STAGES = ("tokens", "short", "overhead", "cfg720", "budgets", "repeats")
+
+
+def machine_facts() -> dict[str, Any]:
+    """GPU, driver, CUDA, host cores and memory, package versions: the meta every run carries."""
+    import importlib.metadata as md
+
+    import psutil
+    import torch
+
+    def version(pkg: str) -> str | None:
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        smi = None
+    return {
+        "gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "cuda_runtime": torch.version.cuda,
+        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory,
+        "host_cores": os.cpu_count(), "host_memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(), "python": platform.python_version(),
+        "packages": {p: version(p) for p in ("torch", "numpy", "pandas", "pyarrow", "diffusers", "offload-lab")},
+    }
+
+
+class Stage:
+    """Runs of one stage, saved as they come with the machine's facts."""
+
+    def __init__(self, name: str, out: Path, facts: dict[str, Any], steps: int = 2, warmup: int = 1):
+        self.name, self.out, self.facts, self.steps, self.warmup = name, out, facts, steps, warmup
+        self.runs: list = []
+        self.notes: dict[str, Any] = {}
+
+    def measure(self, label: str, model, inputs, plan, tokens: int, steps: int | None = None, **kw):
+        import offload_lab
+
+        run = offload_lab.profile(model, lambda: model(**inputs), plan, steps=steps or self.steps,
+                                  warmup=self.warmup, backend="cuda", label=label, **kw)
+        run.meta["tokens"] = int(tokens)
+        run.meta["machine"] = self.facts
+        self.runs.append(run)
+        run.save(self.out / f"{self.name}-{len(self.runs):02d}-{label.replace(' ', '_')}.zip")
+        print(f"  {self.name}: {label:<34} {run.step_time:8.4f} s/step", flush=True)
+        return run
+
+    def finish(self) -> None:
+        (self.out / f"{self.name}.json").write_text(json.dumps(
+            {"stage": self.name, "machine": self.facts, "runs": [r.label for r in self.runs],
+             **self.notes}, indent=1, default=str) + "\n")
+
+
+def _model(name: str, dev, layers: int | None = None):
+    from gpu_check import fast_build
+
+    import offload_lab
+    from offload_lab import catalog
+
+    spec = catalog.load(name)
+    model = fast_build(spec, dev, layers=layers) if layers else fast_build(spec, dev)
+    return model, offload_lab.spec_of(model, name=spec.name)
+
+
+def _host():
+    from offload_lab import HostMemory
+
+    return HostMemory.probe()
+
+
+def stage_tokens(st: Stage, dev) -> None:
+    import offload_lab
+    from offload_lab import synthetic
+
+    model, spec = _model("wan2.1-t2v-1.3b", dev)
+    plan = offload_lab.plan(spec, tier="pinned", prefetch=1, host=_host())
+    for n in (1024, 4096, 16384, 32760, 75600):
+        st.measure(f"1.3B pinned p1 {n}-tok", model, synthetic.example_inputs(model, tokens=n, device=dev), plan, n)
+    del model
+    model, spec = _model("wan2.1-t2v-14b", dev)
+    plan = offload_lab.plan(spec, tier="pinned", prefetch=1, host=_host())
+    st.measure("14B pinned p1 1024-tok", model, synthetic.example_inputs(model, tokens=1024, device=dev), plan, 1024)
+
+
+def stage_short(st: Stage, dev) -> None:
+    import offload_lab
+    from offload_lab import synthetic
+
+    short, sspec = _model("wan2.1-t2v-14b", dev, layers=4)
+    host = _host()
+    train = []
+    for n in (32760, 1024):
+        x = synthetic.example_inputs(short, tokens=n, device=dev)
+        for tier in ("pinned", "pageable"):
+            train.append(st.measure(f"14B x4 {tier} p1 {n}-tok", short, x,
+                                    offload_lab.plan(sspec, tier=tier, prefetch=1, host=host), n))
+    prof = offload_lab.calibrate(train, name="h200-short", tokens=32760)
+    prof.to_json(st.out / "short-profile.json")
+    del short
+    model, spec = _model("wan2.1-t2v-14b", dev)
+    x = synthetic.example_inputs(model, tokens=32760, device=dev)
+    checks = {}
+    for tier in ("pinned", "pageable"):
+        plan = offload_lab.plan(spec, tier=tier, prefetch=1, host=host)
+        run = st.measure(f"14B {tier} p1 full", model, x, plan, 32760)
+        sim = offload_lab.simulate(plan, prof, steps=2, tokens=32760)
+        checks[tier] = {"measured_s": run.step_time, "predicted_s": sim.step_time,
+                        "error": sim.step_time / run.step_time - 1}
+    st.notes["short_run_prediction"] = checks
+
+
+def stage_overhead(st: Stage, dev) -> None:
+    import torch
+
+    import offload_lab
+    from offload_lab import synthetic
+
+    model, spec = _model("wan2.1-t2v-1.3b", dev)
+    x = synthetic.example_inputs(model, tokens=32760, device=dev)
+    model.to(dev)
+    times = []
+    with torch.no_grad():
+        for k in range(6):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model(**x)
+            torch.cuda.synchronize()
+            if k:
+                times.append(time.perf_counter() - t0)
+    model.to("cpu")
+    run = st.measure("1.3B manager all resident", model, x,
+                     offload_lab.plan(spec, resident=spec.groups[0].num_layers, host=_host()), 32760, steps=5)
+    bare = sorted(times)[len(times) // 2]
+    st.notes["overhead"] = {"bare_median_s": bare, "bare_steps_s": times, "manager_median_s": run.step_time,
+                            "ratio": run.step_time / bare}
+
+
+def stage_cfg720(st: Stage, dev) -> None:
+    import offload_lab
+    from offload_lab import synthetic
+
+    model, spec = _model("wan2.1-t2v-1.3b", dev)
+    x = synthetic.example_inputs(model, tokens=75600, device=dev)
+    plan = offload_lab.plan(spec, tier="pinned", prefetch=1, host=_host())
+    # two forwards per step: the conditional and the unconditional pass
+    run = offload_lab.profile(model, lambda: (model(**x), model(**x)), plan, steps=2, warmup=1,
+                              backend="cuda", label="1.3B pinned p1 720p cfg")
+    run.meta.update(tokens=75600, machine=st.facts, passes=2)
+    st.runs.append(run)
+    run.save(st.out / f"{st.name}-01-1.3B_pinned_p1_720p_cfg.zip")
+    print(f"  cfg720: {run.label} {run.step_time:.4f} s/step", flush=True)
+
+
+def stage_budgets(st: Stage, dev) -> None:
+    import offload_lab
+    from offload_lab import synthetic
+
+    model, spec = _model("wan2.1-t2v-14b", dev)
+    x = synthetic.example_inputs(model, tokens=32760, device=dev)
+    total = int(spec.layers["bytes"].sum())
+    for share in (0.25, 0.5, 0.75):
+        for order in ("execution", "reverse", "strided", "largest"):
+            plan = offload_lab.plan(spec, pin_budget=int(total * share), order=order, prefetch=1, host=_host())
+            st.measure(f"14B pin {int(share * 100)}% {order}", model, x, plan, 32760)
+
+
+def stage_repeats(st: Stage, dev) -> None:
+    import torch
+
+    import offload_lab
+    from offload_lab import synthetic
+
+    model, spec = _model("wan2.1-t2v-14b", dev)
+    x = synthetic.example_inputs(model, tokens=32760, device=dev)
+    with torch.no_grad():
+        model.to(dev)
+        want = model(**x).float().cpu()
+        model.to("cpu")
+    same = {}
+    for rep in (1, 2):
+        for tier in ("pinned", "pageable"):
+            plan = offload_lab.plan(spec, tier=tier, prefetch=1, host=_host())
+            st.measure(f"14B {tier} p1 rep{rep}", model, x, plan, 32760, steps=5)
+            with torch.no_grad(), offload_lab.offload(model, plan):
+                got = model(**x).float().cpu()
+            same[f"{tier} rep{rep}"] = bool(torch.equal(got, want))
+    st.notes["bit_identical_to_unmanaged"] = same
+
+
+def run_stages(names: list[str], out: Path, dev) -> int:
+    """Run the named stages (``STAGES``) in order; a failed stage is reported and the rest go on."""
+    import traceback
+
+    import torch
+
+    facts = machine_facts()
+    failed = 0
+    for name in names:
+        st = Stage(name, out, facts)
+        t0 = time.perf_counter()
+        print(f"[stage {name}]", flush=True)
+        try:
+            globals()[f"stage_{name}"](st, dev)
+        except Exception:
+            failed += 1
+            st.notes["error"] = traceback.format_exc()
+            print(f"  FAILED {name}:\n{st.notes['error']}", flush=True)
+        st.notes["wall_s"] = time.perf_counter() - t0
+        st.finish()
+        torch.cuda.empty_cache()
+    return failed
