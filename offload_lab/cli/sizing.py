@@ -82,7 +82,7 @@ def choose_size(spec: ModelSpec, backend: str, quick: bool = False, scale: float
     """
     from offload_lab.model import flops, synthetic
     from offload_lab.planning.hostmem import HostMemory
-    from offload_lab.views.figures import fmt_seconds
+    from offload_lab.views.text import fmt_seconds
 
     biggest = max(layer.bytes for layer in spec.iter_layers())
     host = HostMemory.probe()
