@@ -41,7 +41,7 @@ NOTEBOOK = "dashboard.ipynb"
 CELL = ('from offload_lab import PlanExplorer\n'
         'ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)\n'
         'ex')
-TAB_NAMES = ["Timeline", "Tier map", "Plan: ledger & reasons", "Comparison"]
+TAB_NAMES = ["Timeline", "Tier map", "Plan: ledger & reasons", "Comparison", "Recommend"]
 RERUN_NOTE = "run this cell again"
 WAIT_MS = 60_000        # a cold kernel importing torch on a busy 2-core machine is slow
 SWITCH_MS = 10_000
@@ -73,6 +73,7 @@ def _panel_holds(i: int, state: dict) -> bool:
         1: plots >= 1,                                        # tier map: a plotly figure
         2: "HostMemory(available=64.00 GiB" in text and "pin budget" in text,  # the ledger
         3: "No runs kept yet" in text,                        # the comparison
+        4: "Press Recommend" in text,                         # the recommendation, before a search
     }[i]
 
 
