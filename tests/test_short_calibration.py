@@ -31,13 +31,11 @@ def short_profile() -> DeviceProfile:
     return ol.calibrate(_runs("short-pinned"))
 
 
-# pageable: the host thread copies and computes in turn, as on any machine, within 10 %.
-# pinned: on the cpu backend a copy thread competes with the blocks for the same two cores, and
-# the fixtures were recorded while other processes kept the machine loaded (see the manifest's
-# loadavg_before); its 4-block runs wait on few copies, the 30-block runs on many, and the
-# contention model carries that over less well: 20 %.
-@pytest.mark.parametrize("tier,tol", [("pageable", 0.10), ("pinned", 0.20)])
-def test_four_layers_predict_the_full_depth(tier, tol):
+# Both tiers within 10 %: pageable, where the host thread copies and computes in turn, and
+# pinned, where a copy thread runs the next block's copy beside the block (the after-compute
+# issue order the runtime and the simulator share).
+@pytest.mark.parametrize("tier", ["pageable", "pinned"])
+def test_four_layers_predict_the_full_depth(tier):
     short_profile = ol.calibrate(_runs(f"short-{tier}"))
     full = _runs(f"full-{tier}")
     assert {len(r.layers) for r in full} == {30}
@@ -46,7 +44,7 @@ def test_four_layers_predict_the_full_depth(tier, tol):
     _, plan = plan_of_run(full[0], spec=spec_of_run(full[0]))
     predicted = ol.simulate(plan, short_profile, steps=5, warmup=1).step_time
     measured = float(np.median(np.concatenate([r.steps["wall_s"].to_numpy() for r in full])))
-    assert predicted == pytest.approx(measured, rel=tol), (predicted, measured)
+    assert predicted == pytest.approx(measured, rel=0.10), (predicted, measured)
 
 
 def test_layers_beyond_the_short_run_take_the_group_median(short_profile):

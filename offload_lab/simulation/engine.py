@@ -20,9 +20,10 @@ acts (every resource is FIFO, so one pass in host order is an exact event simula
 
 ``issue`` is the runtime's issue order: ``"before-compute"`` issues prefetches from the
 pre-hook and each copy first waits for everything launched on the compute stream;
-``"after-compute"`` (the default) issues them after the block's launch and copies wait for no
-compute (the allocator keeps a freed buffer until its last reader is done), so a copy that
-blocks the host overlaps the block just launched.
+``"after-compute"`` (the default) issues the copies that do not block the host (pinned, staged)
+from the pre-hook too and the host-blocking ones (pageable, mapped) after the block's launch,
+and copies wait for no compute (the allocator keeps a freed buffer until its last reader is
+done), so a copy that blocks the host overlaps the block just launched.
 
 It follows the runtime's semantics: per group,
 prefetch depth ``p`` (0 included, capped at ``len(S) - 1``) over the group's streamed layers
@@ -262,6 +263,18 @@ class _Walk:
                 self.order.append((g.name, info[(g.name, i)], pos.get(i, -1), len(self.seq[g.name]),
                                    self.depth[g.name]))
 
+    def pre_upto(self, g: str, q: int, depth: int, after: bool) -> int:
+        """How far a pre-hook issues: ``q + depth`` before-compute; after-compute, the run of
+        copies that do not block the host (the runtime defers the first host-blocking one, and
+        so, issuing a prefix, everything behind it, to the post-hook)."""
+        if not after:
+            return q + depth
+        S, last = self.seq[g], self.issued[g]
+        last = max(last, q)
+        while last < q + depth and not S[(last + 1) % len(S)].blocks:
+            last += 1
+        return last
+
     def copy_of(self, g: str, q: int) -> tuple[_Layer, int, float]:
         """The layer, the step that uses it, and the copy's seconds (cold on a mapped first use)."""
         S = self.seq[g]
@@ -307,6 +320,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
     stager_free = {g: 0.0 for g in walk.groups}
     held: dict[str, deque] = {g: deque() for g in walk.groups}  # device-copy ends of buffers in use
     stage_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
+    pre_upto = walk.pre_upto
 
     def issue_upto(g: str, last: int) -> None:
         nonlocal t, link_free
@@ -368,7 +382,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
                     # streamed layers, wrapping to the next forward (after-compute: after the
                     # launch); resident layers issue nothing
                     q = use * nS + k
-                    upto = q if after else q + depth
+                    upto = pre_upto(g, q, depth, after)
                     if issued[g] < upto:
                         issue_upto(g, upto)
                         begin = ready = t if t > stream_free else stream_free
@@ -486,7 +500,7 @@ class _SyncEngine:
                     self.run(prof.hook_s, False)
                     if k >= 0:
                         q = use * nS + k
-                        self.issue_upto(g, q if self.after else q + depth)
+                        self.issue_upto(g, walk.pre_upto(g, q, depth, self.after))
                         if (g, q) not in self.done:
                             w0 = self.t
                             self.run(0.0, False, until=(g, q))
