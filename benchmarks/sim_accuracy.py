@@ -146,7 +146,32 @@ def _print_held_out(runs: dict, where: str, skipped: list[str]) -> int:
         e = t[col].abs().dropna()
         if len(e):
             print(f"  {col:10s} median |error| {e.median():.1%}, worst {e.max():.1%} over {len(e)} runs")
+    _print_blocks(runs)
     return 0
+
+
+def _print_blocks(runs: dict) -> None:
+    """What the compute model's block effects are fitted from: per run, the median block, the
+    idle time of the compute stream before it and the share of it a copy overlapped, and the
+    host's per-block cost (``hook_s``) fitted on that run alone."""
+    import numpy as np
+
+    from offload_lab import calibrate
+    from offload_lab.simulation import gpu_effects
+
+    print("\nblocks, per run (median; idle = the compute stream idle before a block; copy beside = share of "
+          "the block a copy overlapped; host/block = hook_s calibrated on the run alone, in-sample):")
+    print(f"{'run':>36} {'block_ms':>9} {'idle_ms':>8} {'copy beside':>12} {'host/block_ms':>14}")
+    for name, r in runs.items():
+        comp = r.events[r.events["kind"] == "compute"]
+        fx = gpu_effects.observe(r)
+        d = comp["dur_s"].to_numpy(dtype="float64")
+        print(f"{name:>36} {np.median(d) * 1e3:9.2f} {np.nanmedian(fx['idle']) * 1e3:8.2f} "
+              f"{np.median(fx['ov'] / d):12.1%} {calibrate(r).hook_s * 1e3:14.3f}")
+    fitted = calibrate(list(runs.values())[:1], effects_from=list(runs.values()))
+    print(f"  block effects fitted over all these runs: copy_slowdown {fitted.copy_slowdown:.3f}, "
+          f"idle_speedup {fitted.idle_speedup:.3f}, idle_tau_s {fitted.idle_tau_s * 1e3:.1f} ms "
+          f"({fitted.provenance.get('gpu_effects')})")
 
 
 if __name__ == "__main__":

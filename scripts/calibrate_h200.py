@@ -5,7 +5,9 @@
 
 Bandwidths come from the copy rows of the runs of each tier (median bytes/duration); the
 compute curve (a per-block floor plus a saturated rate, ``floor + FLOPs / rate``) from
-``offload_lab.calibrate`` over every block of every measured run (1.3B at 32,760 and 1,024
+``offload_lab.calibrate`` over every block of every measured run, after the block effects
+(``copy_slowdown``, ``idle_speedup`` with its ``idle_tau_s``, fitted jointly over the same
+blocks) are taken out (1.3B at 32,760 and 1,024
 tokens, 14B at 32,760); the plain achieved rate (``tflops``, used for layers of a kind the
 curve has not seen) from the 14B all-pinned run; host costs from ``offload_lab.calibrate`` on
 the pinned runs; ``step_error`` (the ± band of a simulated step) is the worst leave-one-out
@@ -56,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     pinned = [r for r in runs.values() if set(r.layers["tier"]) == {"pinned"} and r.meta["model"] == spec14.name
               and r.meta["gpu_check"]["tokens"] == tokens]
     host = offload_lab.calibrate(pinned)
-    from offload_lab.simulation.calibration import _fit_curve
+    from offload_lab.simulation.calibration import _fit_curve, _fit_effects
     from offload_lab.simulation.heldout import held_out
 
     measured = [r for r in runs.values() if r.backend == "cuda"]
-    curve = _fit_curve(measured, False, None, None)
+    effects = _fit_effects(measured)
+    curve = _fit_curve(measured, False, None, None, effects)
     loo = held_out({p.stem: r for p, r in zip(files, runs.values()) if r.backend == "cuda"}, schemes=("loo",))
     step_error = float(loo["loo_err"].abs().max())
 
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     d["tflops"] = round(tflops, 1)
     d["compute_curve"] = {k: [round(v[0], 7), round(v[1], 1)] for k, v in sorted(curve.items())}
     d["step_error"] = round(step_error, 3)
+    d["copy_slowdown"] = round(effects.copy_slowdown, 4)
+    d["idle_speedup"] = round(effects.idle_speedup, 4)
+    d["idle_tau_s"] = round(effects.idle_tau_s, 5)
     d["hook_s"] = round(host.hook_s, 7)
     d["step_head_s"] = round(host.step_head_s, 6)
     # no staged run on this machine yet: a pageable copy is the driver's own host memcpy into
@@ -90,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             f"tflops: catalog FLOPs of one T2V-14B block at {tokens} tokens / the median measured block "
             f"compute ({per_block_s * 1e3:.1f} ms) of '14B pinned p1'",
             "compute_curve: floor + FLOPs / rate fitted by least squares to every block's median compute "
-            "of every measured run against its catalog FLOPs (offload_lab.calibrate)",
+            "of every measured run against its catalog FLOPs (offload_lab.calibrate), with the two block "
+            "effects below taken out first",
+            "copy_slowdown, idle_speedup, idle_tau_s: fitted jointly over every block of every measured run "
+            f"(within-layer regression, offload_lab.simulation.gpu_effects): {effects.how}",
             "hook_s, step_head_s: offload_lab.calibrate on the all-pinned T2V-14B run at 480p",
             "memory_bytes: torch.cuda.get_device_properties().total_memory recorded in '14B pinned p1' "
             "(NVIDIA's H200 datasheet, nvidia.com/en-us/data-center/h200, gives 141 GB HBM3e)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 
 from offload_lab.record.intervals import busy_within, overlap_with_union
 from offload_lab.record.run import Run
+from offload_lab.simulation import gpu_effects
 from offload_lab.simulation.engine import _run_engine
 from offload_lab.simulation.errors import SimError
 from offload_lab.simulation.layers import _prepare
@@ -26,7 +28,7 @@ CPU_PRIOR = (1.0, 1.0)
 
 def calibrate(run: Run | list[Run], name: str | None = None, contention: float | None = None,
               copy_priority: float | None = None, tokens: int | None = None,
-              match_steps: bool = True) -> DeviceProfile:
+              match_steps: bool = True, effects_from: list[Run] | None = None) -> DeviceProfile:
     """Fit a :class:`DeviceProfile` to a measured run, or to several runs of one model and machine.
 
     - **Bandwidth** per tier: the median of ``bytes / seconds`` over its copies; ``mapped_cold``
@@ -76,6 +78,7 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     into the bandwidths) and ``step_tail_s`` (folded into ``step_head_s``).
     """
     runs, backend, sync = _check_runs(run, contention, copy_priority)
+    fx = None if sync else _fit_effects(_check_effect_runs(effects_from, runs, backend))
     counts: dict[int | None, int] = {}
     for r in runs:
         counts[tokens_of(r)] = counts.get(tokens_of(r), 0) + 1
@@ -83,13 +86,16 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
         # the most common token count; ties go to the larger (the operating point, not a probe)
         tokens = max(counts, key=lambda t: (counts[t], t or 0))
     at = [r for r in runs if tokens_of(r) in (tokens, None)] or runs
-    prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False)
-    curve = _fit_curve(runs, sync, contention, copy_priority)
+    prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False, fx=fx)
+    curve = _fit_curve(runs, sync, contention, copy_priority, fx)
     if len(at) < len(runs):
         # bandwidths do not depend on tokens: every run's copies count
-        every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False)
+        every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False, fx=fx)
         prof = prof.replace(bandwidths={**every.bandwidths})
     prof = prof.replace(compute_curve=curve)
+    if fx is not None:
+        prof = prof.replace(copy_slowdown=fx.copy_slowdown, idle_speedup=fx.idle_speedup, idle_tau_s=fx.idle_tau_s,
+                            provenance={**prof.provenance, "gpu_effects": fx.how})
     return _match_steps(prof, at) if match_steps else prof
 
 
@@ -136,7 +142,35 @@ def spec_of_run(run: Run) -> Any:
     return None
 
 
-def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any) -> dict[str, list[float]]:
+def _check_effect_runs(effects_from: Any, runs: list[Run], backend: str) -> list[Run]:
+    if effects_from is None:
+        return runs
+    if not isinstance(effects_from, (list, tuple)) or not effects_from or not all(
+            isinstance(r, Run) for r in effects_from):
+        raise SimError(f"effects_from = {effects_from!r:.80}; accepted: a non-empty list of offload_lab.Run "
+                       f"(runs of any model on the same device) or None (the runs being fitted)")
+    other = sorted({r.backend for r in effects_from} - {backend})
+    if other:
+        raise SimError(f"effects_from has runs on backend(s) {other}; accepted: {backend!r} runs, as fitted")
+    return list(effects_from)
+
+
+def _fit_effects(runs: list[Run]) -> gpu_effects.Effects:
+    """``copy_slowdown`` and ``idle_speedup`` of cuda runs (any models; each above its own
+    model's floors of a first curve), with those floors."""
+    by_model: dict[Any, list[Run]] = {}
+    for r in runs:
+        by_model.setdefault(r.meta.get("model"), []).append(r)
+    floors = {m: {g: c[0] for g, c in _fit_curve(rs, False, None, None).items()} for m, rs in by_model.items()}
+    parts = [{**_observe(r, False), "family": f"{r.meta.get('model')}|{tokens_of(r)}",
+              "floors": floors[r.meta.get("model")]} for r in runs]
+    fx = gpu_effects.fit(parts)
+    return dataclasses.replace(fx, floors=tuple(sorted(((str(m), g), f) for m, fl in floors.items()
+                                                       for g, f in fl.items())))
+
+
+def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any,
+               fx: gpu_effects.Effects | None = None) -> dict[str, list[float]]:
     """``{group: [floor_s, tflops], "*": ...}`` from each layer's median compute against its FLOPs."""
     from offload_lab.model import flops
 
@@ -146,7 +180,7 @@ def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any)
         if spec is None or tok is None:
             continue
         part = _observe(r, sync)
-        comp_d = _fit_contention(_gather([part]), sync, contention, copy_priority)[0]
+        comp_d = _fit_contention(_gather([part]), sync, contention, copy_priority, fx)[0]
         med = pd.Series(comp_d).groupby(pd.MultiIndex.from_tuples(part["comp_key"])).median()
         for (g, i), secs in med.items():
             try:
@@ -179,12 +213,12 @@ def _line(pts: list[tuple[float, float]]) -> list[float] | None:
 
 
 def _calibrate(runs: list[Run], name: str | None, contention: Any, copy_priority: Any,
-               tokens: int | None, match_steps: bool) -> DeviceProfile:
+               tokens: int | None, match_steps: bool, fx: gpu_effects.Effects | None = None) -> DeviceProfile:
     """The fit of one token count's runs (see :func:`calibrate`)."""
     runs, backend, sync = _check_runs(runs, contention, copy_priority)
     parts = [_observe(r, sync) for r in runs]
     cat = _gather(parts)
-    comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority)
+    comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority, fx)
     gaps = [_fit_host_gaps(r.events, r.steps) for r in runs]
     dispatch = np.concatenate([p["dispatch"] for p in parts])
     wake = np.concatenate([p["wake"] for p in parts])
@@ -255,10 +289,12 @@ def _fit_host_memcpy(runs: list[Run]) -> float | None:
 
 def _gather(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The runs' observations (:func:`_observe`) concatenated, computes keyed by (run, step)."""
-    cat = {k: np.concatenate([p[k] for p in parts]) for k in ("comp_d", "comp_o", "copy_d", "copy_o",
+    cat = {k: np.concatenate([p[k] for p in parts]) for k in ("comp_d", "comp_o", "comp_ov", "comp_idle",
+                                                              "copy_d", "copy_o",
                                                               "copy_bytes", "copy_mb", "copy_first",
                                                               "copy_engine")}
     cat["comp_key"] = [k for p in parts for k in p["comp_key"]]
+    cat["model"] = parts[0]["model"]  # calibrate fits one model's runs
     # (run, step) of each compute, as one number
     cat["comp_step"] = np.concatenate([p["comp_step"] + n * 1_000_000 for n, p in enumerate(parts)])
     cat["copy_key"] = [k for p in parts for k in p["copy_key"]]
@@ -266,12 +302,16 @@ def _gather(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return cat
 
 
-def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None,
-                    copy_priority: float | None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
+def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None, copy_priority: float | None,
+                    fx: gpu_effects.Effects | None = None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
     """Compute and copy durations de-rated to what each takes alone, ``contention``,
-    ``copy_priority`` and how they were found (sync mode only; async runs keep theirs)."""
+    ``copy_priority`` and how they were found (sync mode; async runs' computes lose the
+    fitted GPU effects ``fx`` instead, their copies keep theirs)."""
     comp_d, copy_d = cat["comp_d"], cat["copy_d"]
     if not sync:
+        if fx is not None:
+            comp_d = gpu_effects.derate(comp_d, [g for g, _ in cat["comp_key"]], cat["comp_ov"],
+                                        cat["comp_idle"], fx, cat["model"])
         return comp_d, copy_d, 0.0, 0.5, "none"
     eng = cat["copy_engine"]
     if contention is not None:
@@ -433,6 +473,7 @@ def _observe(run: Run, sync: bool) -> dict[str, Any]:
         o_copy = np.where(on_engine, _overlap(copies, pd.concat([comp, blocks])), _overlap(copies, eng))
     else:
         o_comp, o_copy = np.zeros(len(comp)), np.zeros(len(copies))
+    gpu = gpu_effects.observe(run) if not sync else {"ov": np.zeros(len(comp)), "idle": np.zeros(len(comp))}
     mb_of = {(str(g), int(i)): int(b) for g, i, b in
              zip(run.layers["group"], run.layers["layer"], run.layers["mapped_bytes"])}
     nbytes = copies["bytes"].to_numpy().astype("float64")
@@ -444,8 +485,9 @@ def _observe(run: Run, sync: bool) -> dict[str, Any]:
     first = (~copies.duplicated(["group", "layer"], keep="first")).to_numpy() & from_start
     dispatch, wake = _handoffs(ev, copies[on_engine]) if sync else (np.zeros(0), np.zeros(0))
     return {
-        "dispatch": dispatch, "wake": wake,
+        "dispatch": dispatch, "wake": wake, "model": run.meta.get("model"),
         "comp_d": comp["dur_s"].to_numpy(dtype="float64"), "comp_o": o_comp,
+        "comp_ov": gpu["ov"], "comp_idle": gpu["idle"],
         "comp_key": list(zip(comp["group"].astype(str), comp["layer"].astype(int))),
         "comp_step": comp["step"].to_numpy(dtype="int64"),
         "copy_d": copies["dur_s"].to_numpy(dtype="float64"), "copy_o": o_copy,

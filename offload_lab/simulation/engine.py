@@ -275,6 +275,10 @@ class _Walk:
             last += 1
         return last
 
+    def seq_all(self) -> list[_Layer]:
+        """Every layer of a forward, once."""
+        return [lay for _, lay, _, _, _ in self.order]
+
     def copy_of(self, g: str, q: int) -> tuple[_Layer, int, float]:
         """The layer, the step that uses it, and the copy's seconds (cold on a mapped first use)."""
         S = self.seq[g]
@@ -321,9 +325,12 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
     held: dict[str, deque] = {g: deque() for g in walk.groups}  # device-copy ends of buffers in use
     stage_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
     pre_upto = walk.pre_upto
+    slow, fast, tau = prof.copy_slowdown, prof.idle_speedup, prof.idle_tau_s
+    copy_from = 0.0    # start of the last copy on the link (for a block's overlap with it)
+    floors = {lay.lid: lay.floor for lay in walk.seq_all()} if slow or fast else {}
 
     def issue_upto(g: str, last: int) -> None:
-        nonlocal t, link_free
+        nonlocal t, link_free, copy_from
         S, ends = seq[g], copy_end[g]
         n = len(S)
         q = issued[g]
@@ -352,6 +359,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
             if not after and stream_free > start:
                 start = stream_free  # before-compute: the copy stream waits on all queued compute
             end = link_free = start + dur
+            copy_from = start
             ends[q] = end
             if lay.stage:
                 held[g].append(end)
@@ -394,6 +402,9 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
                     if ce > ready:
                         row((use, lid, WAIT, ready, ce))
                         begin = ce
+                if floors:
+                    compute = _gpu_block(compute, floors[lid], begin - stream_free, begin, copy_from,
+                                         link_free, slow, fast, tau)
                 end = stream_free = begin + compute
                 row((use, lid, COMPUTE, begin, end))
                 t += launch_s
@@ -407,6 +418,23 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
         bounds.append((step, start_step, end_step))
         t = max(end_step, link_free)
     return bounds
+
+
+def _gpu_block(compute: float, floor: float, idle: float, begin: float, copy_from: float,
+               copy_to: float, slow: float, fast: float, tau: float) -> float:
+    """A block's time with the profile's ``copy_slowdown`` and ``idle_speedup``: its rate-bound
+    part (above the floor) longer by the fraction of it the last copy overlaps, shorter after
+    an idle gap (saturating with the time constant ``tau``)."""
+    rate = compute - floor
+    if rate <= 0:
+        return compute
+    if fast and idle > 0:
+        rate *= 1.0 - fast * (1.0 - math.exp(-idle / tau))
+    if slow and copy_to > begin:
+        over = min(copy_to, begin + compute) - max(copy_from, begin)
+        if over > 0:
+            rate *= 1.0 + slow * over / compute
+    return floor + rate
 
 
 class _SyncEngine:

@@ -44,7 +44,8 @@ def fit(train: list[Any], model: str, tokens: int | None) -> Any:
     profs = {}
     for m, rs in by_model.items():
         have = {tokens_of(r) for r in rs}
-        profs[m] = calibrate(rs, tokens=tokens if tokens in have else None)
+        # the GPU's block effects (copy beside, idle before) are the device's: every training run
+        profs[m] = calibrate(rs, tokens=tokens if tokens in have else None, effects_from=train)
     if model in profs:
         base = profs[model]
     else:

@@ -25,7 +25,8 @@ class _Layer:
     copy_cold: float
     blocks: bool
     lid: int = -1
-    stage: float = 0.0  # staged: the host memcpy into a staging buffer  # position in the plan's layers: the engine records events by it
+    stage: float = 0.0  # staged: the host memcpy into a staging buffer
+    floor: float = 0.0  # the part of ``compute`` that is the curve's launch floor
 
 
 def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]], dict[str, int]]:
@@ -107,7 +108,8 @@ def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | N
                 cold = profile.copy_seconds(tier, nbytes, mb, cold=True)
             except ProfileError as e:
                 raise ProfileError(f"{e}; the plan streams {g}.{i} from tier {tier!r}") from None
-        info[(g, i)] = _Layer(g, i, tier, nbytes, mb, is_streamed, profile.compute_seconds(spec, g, i, tokens),
-                              warm, cold, profile.blocks_host(tier), lid=len(info), stage=stage)
+        compute = profile.compute_seconds(spec, g, i, tokens)
+        info[(g, i)] = _Layer(g, i, tier, nbytes, mb, is_streamed, compute, warm, cold, profile.blocks_host(tier),
+                              lid=len(info), stage=stage, floor=min(profile.curve_floor(g), compute))
     return layers, streamed, prefetch, info, used_tiers
 

@@ -64,6 +64,15 @@ class DeviceProfile:
     memcpy rate (GB/s) into a staging buffer and ``host_memcpy_max_gbps`` the ceiling of
     several threads (None: no ceiling); a ``staged`` layer needs the first. ``provenance`` says where the numbers come from:
     ``{"kind": "measured", "machine": ..., "date": ...}`` or ``{"kind": "estimated", "sources": [...]}``.
+    Two effects on a GPU block's time (``"async"`` mode only; both 0 by default), applied to
+    the part above the compute curve's floor (the rate-bound part; the launch floor is what a
+    small block costs whatever the clocks): ``copy_slowdown``, how much longer a block runs per
+    fraction of it overlapped by a copy (the copy engine's writes share the device memory the
+    block reads: 0.1 = 10 % longer when a copy runs beside it throughout), and ``idle_speedup``,
+    how much faster a block runs after the compute stream idled before it, scaled by
+    ``1 - exp(-idle / idle_tau_s)`` (a GPU that rests between blocks holds higher clocks under
+    its power limit: 0.09 = 9 % faster after an idle gap much longer than ``idle_tau_s``).
+    :func:`calibrate` fits them from runs that show the same layer with and without them.
     ``memory_bytes`` is the device's memory size (what :func:`offload_lab.recommend` plans
     against when no ``device_memory`` is given; ``None`` when unknown).
 
@@ -99,6 +108,9 @@ class DeviceProfile:
     provenance: dict[str, Any] = field(default_factory=lambda: {"kind": "estimated", "sources": []})
     notes: str = ""
     memory_bytes: int | None = None
+    copy_slowdown: float = 0.0
+    idle_speedup: float = 0.0
+    idle_tau_s: float = 0.015
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -146,6 +158,20 @@ class DeviceProfile:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: a number in [0, 1] ({what})")
             setattr(self, attr, float(v))
+        for attr, hi, what in (("copy_slowdown", 1.0, "0.1 = a block 10 % longer with a copy beside it throughout"),
+                               ("idle_speedup", 0.5, "0.08 = a block 8 % faster after an idle gap as long as itself")):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
+                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: a number in [0, {hi:g}] ({what})")
+            if v and self.compute_mode != "async":
+                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r} with compute_mode {self.compute_mode!r}; "
+                                   f"it is modelled for 'async' (a GPU) only; the cpu backend has contention")
+            setattr(self, attr, float(v))
+        tau = self.idle_tau_s
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
+            raise ProfileError(f"profile {self.name!r}: idle_tau_s = {tau!r}; accepted: seconds > 0 "
+                               f"(the idle gap at which a block has gained 63 % of idle_speedup)")
+        self.idle_tau_s = float(tau)
         cn = self.contention
         for attr in ("dispatch_s", "wake_s"):
             if getattr(self, attr) and self.compute_mode != "sync":
@@ -220,6 +246,11 @@ class DeviceProfile:
 
     def blocks_host(self, tier: str) -> bool:
         return (tier == "pageable" and self.pageable_blocks_host) or (tier == "mapped" and self.mapped_blocks_host)
+
+    def curve_floor(self, group: str) -> float:
+        """The launch/latency floor of ``group``'s compute curve (0 without a curve)."""
+        curve = self.compute_curve.get(group) or self.compute_curve.get("*")
+        return float(curve[0]) if curve else 0.0
 
     def curve_seconds(self, group: str, flops_: float) -> float | None:
         """Seconds of a forward of ``flops_`` FLOPs on the compute curve of ``group``'s kind, else None."""
