@@ -150,7 +150,7 @@ class Recommendation:
         >>> import offload_lab
         >>> rec = recommend(offload_lab.catalog.load("wan2.1-t2v-1.3b"), "h200", host="64GiB")
         >>> rec.summary().splitlines()[1]
-        'best: 30 resident (leading), prefetch 0, order execution: 0.587 s/step, pinned 2.60 GiB, device peak 3.58 GiB'
+        'best: 30 resident (leading), prefetch 0, order execution: 0.607 s/step, pinned 2.60 GiB, device peak 3.58 GiB'
         """
         head = (f"{self.spec.name} on {self.profile.name} (simulated): device memory "
                 f"{format_bytes(self.device_memory)}, host available {format_bytes(self.host.available)}, "
