@@ -1,5 +1,5 @@
-"""Where the shipped data lies, installed or in a checkout: the model catalog, device profiles and
-measured GPU runs.
+"""Where the shipped data lies, installed or in a checkout: the model catalog, device profiles,
+measured GPU runs and the simulated stand-ins for runs not measured yet.
 
 A wheel carries them as ``offload_lab/_data/<kind>`` (pyproject's force-include); a source
 checkout or an editable install has them in the repository's ``data/<kind>``. Both are found
@@ -7,7 +7,7 @@ from the package's own location, never from the working directory, so a notebook
 anywhere still finds them.
 
 >>> sorted(KINDS)
-['devices', 'models', 'runs']
+['devices', 'models', 'runs', 'simulated']
 >>> data_dir("models").name
 'models'
 """
@@ -26,7 +26,8 @@ __all__ = ["KINDS", "ShippedDataError", "data_dir", "require_dir", "json_names",
 
 _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 #: kind of shipped data -> the files that make a directory of it
-KINDS = {"models": "*.json", "devices": "*.json", "runs": "*/*.zip"}
+#: (``simulated``: predictions saved as runs, kept apart so no listing of measured runs meets them)
+KINDS = {"models": "*.json", "devices": "*.json", "runs": "*/*.zip", "simulated": "*/*.zip"}
 
 
 class ShippedDataError(LookupError):
@@ -101,7 +102,8 @@ def shipped_runs(model: str | None = None) -> list[Run]:
 
     They are the ``*.zip`` runs in the folders of ``offload_lab/_data/runs`` (installed) or of
     the checkout's ``data/runs``, in folder and file order, each loaded with
-    :meth:`offload_lab.Run.load`. ``model`` is a catalog name (matched case-insensitively
+    :meth:`offload_lab.Run.load`; a simulated run there is left out (simulated stand-ins ship
+    apart, in ``data/simulated``, and are never listed as measured). ``model`` is a catalog name (matched case-insensitively
     against each run's ``meta["model"]``); a catalog model that has no shipped runs gives an
     empty list. Raises :class:`ShippedDataError` naming the paths searched when there are no
     shipped runs at all, and ``ValueError`` for a name that is neither a catalog model nor
@@ -119,7 +121,7 @@ def shipped_runs(model: str | None = None) -> list[Run]:
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model={model!r}; accepted: None or a catalog model name (a string)")
     d = require_dir("runs", "shipped measured runs")
-    runs = [Run.load(p) for p in sorted(d.glob(KINDS["runs"]))]
+    runs = [r for r in (Run.load(p) for p in sorted(d.glob(KINDS["runs"]))) if not r.simulated]
     if model is None:
         return runs
     key = model.strip().lower()

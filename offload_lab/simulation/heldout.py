@@ -16,13 +16,16 @@ comes from the run's own model when it is in the training set (at the run's toke
 training run has them), else the other model's compute curve; bandwidths are the medians over
 the models that copied from that tier. A mapped rate no training run measured is taken at the
 pageable rate (mapped pages reach the device through the same pageable staging path); a run
-whose tier no training run copied from at all is ``n/a``. Pass measured runs only: observed runs (backend ``observe``) did not have their copies
-driven by the manager, and simulated ones would test the simulator against itself.
+whose tier no training run copied from at all is ``n/a``. Only measured runs take part: observed
+runs (backend ``observe``) did not have their copies driven by the manager, and simulated ones
+would test the simulator against itself, so :func:`held_out` skips both with a warning naming
+them (``table.attrs["skipped"]``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -91,28 +94,40 @@ def predict(run: Any, prof: Any) -> float:
 SCHEMES = ("loo", "tokens", "model")
 
 
+def _not_measured(run: Any) -> str | None:
+    """Why ``run`` cannot be a held-out target or training run (``None``: it is measured)."""
+    if getattr(run, "simulated", False):
+        return "simulated"
+    if getattr(run, "backend", None) == "observe":
+        return "observed"
+    return None
+
+
 def held_out(runs: dict[str, Any], schemes: tuple[str, ...] = SCHEMES) -> pd.DataFrame:
     """One row per run: measured and held-out predicted median step (ms) and the relative errors.
 
     Columns ``run, tokens, measured_ms`` then ``<scheme>_ms, <scheme>_err`` for the schemes
     ``loo``, ``tokens`` and ``model`` (or those in ``schemes``); NaN where a scheme has no
-    training run.
+    training run. Simulated and observed runs are skipped (they neither train nor are
+    predicted), with a warning; their names are in ``attrs["skipped"]``.
 
     >>> import offload_lab
-    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
-    >>> host = offload_lab.HostMemory(available="64GiB")
-    >>> runs = {f"{t} p{p}": offload_lab.simulate(offload_lab.plan(spec, tier=t, prefetch=p, host=host),
-    ...                                           "h200", steps=3)
-    ...         for t, p in (("pinned", 1), ("pinned", 0), ("pageable", 1))}
+    >>> runs = {r.label: r for r in offload_lab.shipped_runs("wan2.1-t2v-1.3b")[1:4]}
     >>> t = held_out(runs)
-    >>> list(t.columns[:5])
-    ['run', 'tokens', 'measured_ms', 'loo_ms', 'loo_err']
+    >>> list(t.columns[:5]), len(t)
+    (['run', 'tokens', 'measured_ms', 'loo_ms', 'loo_err'], 3)
     """
     if not isinstance(runs, dict) or not runs:
         raise SimError(f"held_out needs a non-empty dict of name -> Run, got {type(runs).__name__}")
     bad = [x for x in schemes if x not in SCHEMES]
     if bad or not schemes:
         raise SimError(f"held_out schemes {schemes!r}; accepted: a non-empty subset of {list(SCHEMES)}")
+    skipped = [f"{n} ({why})" for n, r in runs.items() if (why := _not_measured(r))]
+    if skipped:
+        runs = {n: r for n, r in runs.items() if not _not_measured(r)}
+        if not runs:
+            raise SimError(f"held_out needs measured runs; every run given is simulated or observed: {skipped}")
+        warnings.warn(f"held_out skips runs the manager did not measure: {', '.join(skipped)}", stacklevel=2)
     rows = []
     for name, run in runs.items():
         model, tok = run.meta.get("model"), tokens_of(run)
@@ -130,4 +145,6 @@ def held_out(runs: dict[str, Any], schemes: tuple[str, ...] = SCHEMES) -> pd.Dat
             row[f"{scheme}_ms"] = got * 1e3
             row[f"{scheme}_err"] = got / run.step_time - 1
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["skipped"] = skipped
+    return table
