@@ -33,11 +33,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-STAGES = ("tokens", "short", "overhead", "cfg720", "budgets", "repeats")
+# in the order they run: the ones to skip first when short of time come last
+STAGES = ("tokens", "short", "overhead", "cfg720", "pin_memory", "diffusers_bare", "h3", "budgets", "repeats")
+#: the stages that also run at a tiny width (``scale`` < 1), so their logic is tested on a cpu
+SCALED = ("h3", "pin_memory", "diffusers_bare")
 
 
 def machine_facts() -> dict[str, Any]:
-    """GPU, driver, CUDA, host cores and memory, package versions: the meta every run carries."""
+    """GPU, driver, CUDA, host cores and memory, package versions: the meta every run carries.
+
+    Without a CUDA device (a cpu dry run) the GPU fields are None: nothing here pretends to be one.
+    """
     import importlib.metadata as md
 
     import psutil
@@ -51,23 +57,32 @@ def machine_facts() -> dict[str, Any]:
 
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
+                             capture_output=True, text=True, timeout=20).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         smi = None
+    cuda = torch.cuda.is_available()
     return {
-        "gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "cuda_runtime": torch.version.cuda,
-        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None, "nvidia_smi": smi,
+        "cuda_runtime": torch.version.cuda,
+        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
         "host_cores": os.cpu_count(), "host_memory_bytes": psutil.virtual_memory().total,
         "platform": platform.platform(), "python": platform.python_version(),
-        "packages": {p: version(p) for p in ("torch", "numpy", "pandas", "pyarrow", "diffusers", "offload-lab")},
+        "packages": {p: version(p) for p in ("torch", "numpy", "pandas", "pyarrow", "safetensors", "diffusers",
+                                             "offload-lab")},
     }
 
 
 class Stage:
-    """Runs of one stage, saved as they come with the machine's facts."""
+    """Runs of one stage, saved as they come with the machine's facts.
 
-    def __init__(self, name: str, out: Path, facts: dict[str, Any], steps: int = 2, warmup: int = 1):
+    ``backend`` is the manager's: ``cuda`` on the GPU, ``cpu`` for a dry run of a stage's logic
+    at a tiny size (its numbers are then CPU numbers, and the run says so in ``meta["backend"]``).
+    """
+
+    def __init__(self, name: str, out: Path, facts: dict[str, Any], steps: int = 2, warmup: int = 1,
+                 backend: str = "cuda"):
         self.name, self.out, self.facts, self.steps, self.warmup = name, out, facts, steps, warmup
+        self.backend = backend
         self.runs: list = []
         self.notes: dict[str, Any] = {}
 
@@ -75,12 +90,15 @@ class Stage:
         import offload_lab
 
         run = offload_lab.profile(model, lambda: model(**inputs), plan, steps=steps or self.steps,
-                                  warmup=self.warmup, backend="cuda", label=label, **kw)
-        run.meta["tokens"] = int(tokens)
-        run.meta["machine"] = self.facts
+                                  warmup=self.warmup, backend=self.backend, label=label, **kw)
+        return self.keep(run, tokens)
+
+    def keep(self, run, tokens: int, **meta):
+        """Save a run made outside :meth:`measure` (an observed one, two passes a step) as this stage's."""
+        run.meta.update(tokens=int(tokens), machine=self.facts, **meta)
         self.runs.append(run)
-        run.save(self.out / f"{self.name}-{len(self.runs):02d}-{label.replace(' ', '_')}.zip")
-        print(f"  {self.name}: {label:<34} {run.step_time:8.4f} s/step", flush=True)
+        run.save(self.out / f"{self.name}-{len(self.runs):02d}-{run.label.replace(' ', '_')}.zip")
+        print(f"  {self.name}: {run.label:<34} {run.step_time:8.4f} s/step", flush=True)
         return run
 
     def finish(self) -> None:
@@ -89,14 +107,18 @@ class Stage:
              **self.notes}, indent=1, default=str) + "\n")
 
 
-def _model(name: str, dev, layers: int | None = None):
+def _model(name: str, dev, layers: int | dict[str, int] | None = None, scale: float = 1.0):
+    """A catalog model built by ``fast_build`` (full size unless ``scale`` < 1), and its spec."""
     from gpu_check import fast_build
 
     import offload_lab
     from offload_lab import catalog
 
     spec = catalog.load(name)
-    model = fast_build(spec, dev, layers=layers) if layers else fast_build(spec, dev)
+    kw: dict[str, Any] = {"layers": layers} if layers else {}
+    if scale != 1.0:
+        kw["scale"] = scale
+    model = fast_build(spec, dev, **kw)
     return model, offload_lab.spec_of(model, name=spec.name)
 
 
@@ -183,10 +205,7 @@ def stage_cfg720(st: Stage, dev) -> None:
     # two forwards per step: the conditional and the unconditional pass
     run = offload_lab.profile(model, lambda: (model(**x), model(**x)), plan, steps=2, warmup=1,
                               backend="cuda", label="1.3B pinned p1 720p cfg")
-    run.meta.update(tokens=75600, machine=st.facts, passes=2)
-    st.runs.append(run)
-    run.save(st.out / f"{st.name}-01-1.3B_pinned_p1_720p_cfg.zip")
-    print(f"  cfg720: {run.label} {run.step_time:.4f} s/step", flush=True)
+    st.keep(run, 75600, passes=2)
 
 
 def stage_budgets(st: Stage, dev) -> None:
@@ -225,25 +244,55 @@ def stage_repeats(st: Stage, dev) -> None:
     st.notes["bit_identical_to_unmanaged"] = same
 
 
-def run_stages(names: list[str], out: Path, dev) -> int:
-    """Run the named stages (``STAGES``) in order; a failed stage is reported and the rest go on."""
+def _stage_fn(name: str):
+    """The function of a stage; the newer ones live in their own modules and take ``scale``."""
+    if name == "h3":
+        from gpu_stages_h3 import stage_h3
+
+        return stage_h3
+    if name == "pin_memory":
+        from gpu_stages_pin import stage_pin_memory
+
+        return stage_pin_memory
+    if name == "diffusers_bare":
+        from gpu_stages_bare import stage_diffusers_bare
+
+        return stage_diffusers_bare
+    return globals()[f"stage_{name}"]
+
+
+def run_stages(names: list[str], out: Path, dev, scale: float = 1.0) -> int:
+    """Run the named stages (``STAGES``) in order; a failed stage is reported and the rest go on.
+
+    ``scale`` < 1 runs the stages in ``SCALED`` at that width (a cpu dry run of their logic);
+    the others only exist at full size.
+    """
     import traceback
 
     import torch
 
+    unknown = [n for n in names if n not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; accepted: {', '.join(STAGES)}")
+    if scale != 1.0 and any(n not in SCALED for n in names):
+        raise ValueError(f"scale {scale!r} is only for the stages {list(SCALED)}, not "
+                         f"{[n for n in names if n not in SCALED]}")
+    out.mkdir(parents=True, exist_ok=True)
     facts = machine_facts()
     failed = 0
     for name in names:
-        st = Stage(name, out, facts)
+        st = Stage(name, out, facts, backend="cuda" if dev.type == "cuda" else "cpu")
         t0 = time.perf_counter()
         print(f"[stage {name}]", flush=True)
         try:
-            globals()[f"stage_{name}"](st, dev)
+            fn = _stage_fn(name)
+            fn(st, dev, scale=scale) if name in SCALED else fn(st, dev)
         except Exception:
             failed += 1
             st.notes["error"] = traceback.format_exc()
             print(f"  FAILED {name}:\n{st.notes['error']}", flush=True)
         st.notes["wall_s"] = time.perf_counter() - t0
         st.finish()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return failed
