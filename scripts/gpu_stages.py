@@ -5,8 +5,16 @@
 
 Each stage saves its runs as ``DIR/<stage>-NN-<label>.zip`` with the machine's facts in
 ``meta["machine"]`` (GPU, driver, CUDA, host cores and memory, package versions) and writes
-``DIR/<stage>.json`` with what it checked. Estimated times on one H200 (from the shipped runs:
-1.3B 0.62 s and 14B 3.3 s / 6.4 s per step at 480p; building a 14B model ≈ 1 min):
+``DIR/<stage>.json`` with what it checked. They run in the order below.
+
+Estimated times on one H200, from the shipped runs in ``data/runs/h200-2026-12-01/``: a
+1.3B-shaped run (1 warm-up + 2 steps at 480p) takes 3.3 s of wall and a 14B-shaped one 23-24 s
+(``wall_s`` in ``comparison.csv``; steps 0.62 s, 3.27 s pinned, 6.38 s pageable; the rest of a
+pinned 14B run, about 14 s, is setting up and pinning 26 GiB); building the 14B model takes
+about 20 s (``log.txt``: 98.6 s in all, less the 31.2 s before the build and the two 14B runs);
+diffusers' group offloading steps in 0.69 s (``log_diffusers.txt``). Larger models are scaled
+from these by bytes (building, pinning) and by FLOPs (steps: MiniMax-H3 at 480p does 1.71× the
+14B's work per forward, ``offload_lab.model.flops.forward_flops``).
 
 | stage | what | ≈ s |
 | --- | --- | ---: |
@@ -14,13 +22,20 @@ Each stage saves its runs as ``DIR/<stage>-NN-<label>.zip`` with the machine's f
 | ``short`` | ``offload-lab calibrate`` on 4 layers of 14B at 480p and 1,024, then the full 40 layers: the short-run prediction checked | 90 |
 | ``overhead`` | 1.3B at 480p: bare forwards vs the manager with everything resident | 15 |
 | ``cfg720`` | 1.3B pinned p1 at 720p, two calls per step (classifier-free guidance) | 30 |
-| ``budgets`` | 14B at pin budgets 25 / 50 / 75 % × orders execution / reverse / strided / largest | 200 |
-| ``repeats`` | 14B pinned and pageable, 5 measured steps, 2 repeats, outputs compared bit for bit with the unmanaged model | 150 |
+| ``pin_memory`` | 8 blocks of 14B (5.6 GB): each held pageable, by torch's ``tensor.pin_memory()`` (caching host allocator) and by offload-lab's exact registered stores; H2D GB/s of each, and the host bytes really locked (``VmLck``, ``VmPin``, torch's ``host_memory_stats``) beside the requested bytes and the planner's exact / power-of-two predictions | 30 |
+| ``diffusers_bare`` | diffusers' block-level group offloading of 1.3B at 480p, wall clock with ``cuda.synchronize``, without and with ``offload_lab.observe`` attached, two rounds of 5 forwards each: the observer's own overhead (skipped with a note without diffusers) | 25 |
+| ``h3`` | MiniMax-H3 at full size (66 GB bf16, two groups), 35 of 50 main blocks resident strided, the 17 streamed layers pinned (10) and mapped (7) from a 21 GB safetensors file written for them on local disk; startup peak grouped vs naive against the planner; one profiled run at 480p. Needs about 85 GB of host memory and 25 GB of disk: skips with a note otherwise | 140 |
+| ``budgets`` | 14B at pin budgets 25 / 50 / 75 % × orders execution / reverse / strided / largest: twelve 14B runs | 300 |
+| ``repeats`` | 14B pinned and pageable, 5 measured steps, 2 repeats, outputs compared bit for bit with the unmanaged model | 240 |
 
-Together about 9 minutes; short of time, skip ``budgets`` first, then ``repeats``. Not here
-yet (they need more than a script of this size): MiniMax-H3 at full size, torch's
-``pin_memory()`` against the exact registered stores, and diffusers' group offloading timed
-without the observer.
+All of them take about 16 minutes: more than the 8 minutes one session aims at. The first seven
+(``tokens`` to ``h3``, about 390 s) fit; short of time, skip ``budgets`` first, then
+``repeats``, then ``h3``::
+
+    PYTHONPATH=. python3 scripts/gpu_check.py --out DIR --stage tokens,short,overhead,cfg720,pin_memory,diffusers_bare,h3
+
+``run_stages(..., scale=0.01)`` runs ``pin_memory``, ``diffusers_bare`` and ``h3`` at a tiny
+width on the cpu backend: their logic, not their numbers (``tests/test_gpu_stages.py``).
 """
 
 from __future__ import annotations

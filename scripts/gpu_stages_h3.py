@@ -137,8 +137,14 @@ def check_plan(plan, lay: dict[str, Any]) -> dict[str, Any]:
     return counts
 
 
-def stage_h3(st, dev, scale: float = 1.0, tokens: int | None = None, ckpt_dir: str | os.PathLike | None = None) -> None:
-    """MiniMax-H3 (``scale`` 1: ~66 GB bf16) with 35 strided resident, pinned + mapped streamed."""
+def stage_h3(st, dev, scale: float = 1.0, tokens: int | None = None, ckpt_dir: str | os.PathLike | None = None,
+             host=None) -> None:
+    """MiniMax-H3 (``scale`` 1: ~66 GB bf16) with 35 strided resident, pinned + mapped streamed.
+
+    ``host`` (a :class:`~offload_lab.HostMemory`; ``None`` probes this machine) is what the sizes
+    are checked against before anything is built; ``ckpt_dir`` keeps the file (default: a
+    temporary directory, removed after).
+    """
     import torch
     from gpu_check import fast_build
 
@@ -147,10 +153,10 @@ def stage_h3(st, dev, scale: float = 1.0, tokens: int | None = None, ckpt_dir: s
 
     tokens = tokens or (32760 if scale == 1.0 else 64)
     lay = layout(scale)
-    host = HostMemory.probe()
+    host = host or HostMemory.probe()
     # the whole model is built in host memory first; its streamed originals are then replaced
     # by file views and the pins made: counting the pins on top of the model errs on the safe side
-    need = lay["model_bytes"] + lay["pinned_bytes"] + max(int(0.05 * host.available), 2 * GiB)
+    need = lay["model_bytes"] + lay["pinned_bytes"] + host.reserve
     where = Path(ckpt_dir or tempfile.mkdtemp(prefix="h3_ckpt_", dir=os.environ.get("TMPDIR")))
     where.mkdir(parents=True, exist_ok=True)
     disk_free = shutil.disk_usage(where).free
@@ -164,6 +170,8 @@ def stage_h3(st, dev, scale: float = 1.0, tokens: int | None = None, ckpt_dir: s
                                f"need {need / GiB:.1f} GiB; disk has {disk_free / GiB:.1f} GiB free at {where}, "
                                f"the file needs {lay['file_bytes'] / GiB:.1f} GiB + 4 GiB")
         print(f"  h3: skipped: {st.notes['skipped']}", flush=True)
+        if ckpt_dir is None:
+            shutil.rmtree(where, ignore_errors=True)
         return
     model = None
     try:

@@ -142,6 +142,18 @@ def test_h3_stage_plans_measures_and_maps_a_real_safetensors_file(stages, facts,
     assert peaks["naive"]["measured_bytes"] > peaks["grouped"]["measured_bytes"]
 
 
+def test_h3_stage_skips_with_a_note_on_a_host_too_small(stages, facts, tmp_path):
+    from gpu_stages_h3 import stage_h3
+
+    st = _stage(stages, facts, "h3", tmp_path)
+    stage_h3(st, CPU, scale=1.0, ckpt_dir=tmp_path / "ckpt", host=offload_lab.HostMemory(available="64GiB"))
+    st.finish()
+    notes = json.loads((tmp_path / "h3.json").read_text())
+    assert "64.0 GiB available" in notes["skipped"] and notes["runs"] == []
+    assert notes["host_check"]["needed_bytes"] > 64 * 2**30  # the 66 GB model alone is more
+    assert list((tmp_path / "ckpt").iterdir()) == []  # nothing built, nothing written
+
+
 def test_pin_memory_stage_counts_the_stores_bytes(stages, facts, tmp_path):
     from gpu_stages_pin import stage_pin_memory
 
