@@ -297,10 +297,12 @@ def main(argv: list[str] | None = None) -> int:
                          "evidence: every stage of scripts/gpu_stages.py, or a comma-separated list of them "
                          f"({', '.join(STAGES)}) (default all)")
     args = ap.parse_args(argv)
-    evidence = list(STAGES) if args.stage == "evidence" else [x for x in args.stage.split(",") if x in STAGES]
     named = ("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks", "pipeline", "staged")
-    if not evidence and args.stage not in named:
-        ap.error(f"--stage {args.stage!r}; accepted: {', '.join(named)}, evidence "
+    evidence = [] if args.stage in named else (
+        list(STAGES) if args.stage == "evidence" else [x.strip() for x in args.stage.split(",")])
+    unknown = [x for x in evidence if x not in STAGES]
+    if unknown:
+        ap.error(f"--stage {args.stage!r}: {unknown} unknown; accepted: {', '.join(named)}, evidence "
                  f"or a comma-separated list of {list(STAGES)}")
 
     import torch
