@@ -88,13 +88,16 @@ def fit(parts: list[dict[str, Any]]) -> Effects:
     # idle levels, a factor of two apart (0 is one): three or more fit the time constant
     levels = set(np.where(df["idle_s"] > 1e-4, np.round(np.log2(np.maximum(df["idle_s"], 1e-4))), -99))
     taus = _TAU_GRID if len(levels) >= 3 else (IDLE_TAU_PRIOR,)
-    best = None
+    best, why = None, ""
     for tau in taus:
         got = _regress(df.assign(idle=1.0 - np.exp(-df["idle_s"] / tau)))
-        if isinstance(got, str):
-            return Effects(how=got)
+        if isinstance(got, str):  # this time constant makes the two regressors one: try the next
+            why = got
+            continue
         if best is None or got[0] < best[0] - 1e-12:
             best = (*got, tau)
+    if best is None:
+        return Effects(how=why)
     _, coef, dropped, tau = best
     slow = float(np.clip(coef.get("ov", 0.0), 0.0, 1.0))
     fast = float(np.clip(-coef.get("idle", 0.0), 0.0, 0.5))
