@@ -70,3 +70,14 @@ def test_the_cli_runs_and_fits_a_profile_the_simulator_accepts(tmp_path, capsys)
     # an existing output is kept without --force
     assert main(args) != 0
     assert "exists" in capsys.readouterr().err
+
+
+def test_recommend_takes_the_short_run_profile_for_the_full_model(short_profile):
+    # the user's own calibrated profile (cpu backend here), planning the model it never saw whole
+    full = _runs("full-pinned")[0]
+    spec = spec_of_run(full)
+    rec = ol.recommend(spec, short_profile, host="8GiB", device_memory="1GiB")
+    assert rec.fits and rec.profile is short_profile
+    best = rec.tried.loc[rec.tried["best"]].iloc[0]
+    # its step time is the simulator's on that profile, for that plan
+    assert ol.simulate(rec.best, short_profile, steps=3, warmup=1).step_time == pytest.approx(best["step_s"], rel=0.05)
