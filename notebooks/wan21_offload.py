@@ -395,7 +395,7 @@ else:
           "Wan2.1-T2V-1.3B-shaped model (12 blocks) pinned vs pageable on the cuda backend.")
 
 # %% [markdown]
-# ## What fits a 24 GiB card with 64 GiB of host RAM
+# ## 7a. What fits a 24 GiB card with 64 GiB of host RAM
 #
 # `offload_lab.recommend` searches the plan space — resident count and pattern, prefetch depth,
 # pin order, pin budget, forced tiers — with the simulator, keeps the plans whose host memory and
@@ -414,6 +414,8 @@ display(rec.front[["id", "residency", "resident_layers", "prefetch", "order", "t
 # The best plan keeps as many blocks resident as the device peak allows (non-layer weights +
 # resident blocks + the blocks in flight + an activation estimate) and streams the rest from
 # pinned memory. The report below carries the recommendation, its front and the explanation.
+
+# %% [markdown]
 # ## 7b. Calibrate from a short run, predict the full depth
 #
 # `offload-lab calibrate --model wan2.1-t2v-14b --layers 4 --out my-gpu.json` profiles 4 blocks
@@ -455,7 +457,6 @@ else:
               f"{shipped[0].step_time:.3f} s/step all pinned ({machine(shipped[0])})")
 
 # %% [markdown]
-# ## 8. Report
 # ## 8. What staging buys on a small pin budget
 #
 # Everything above issues a pageable copy the way other runtimes do: from the layer's pre-hook,

@@ -67,7 +67,8 @@ def fast_build(spec, dev, seed: int = 0, **kw):
 
 def smoke(dev, log=print) -> dict:
     """Correctness of the cuda backend on small models: outputs bit-identical to the model
-    run wholly on the GPU, for every tier and prefetch depth; the model restored after; the
+    run wholly on the GPU, for every tier and prefetch depth, with the device peak (the
+    allocator's high-water mark) against the planner's estimate; the model restored after; the
     startup peak of grouped vs naive init on a two-group model against the planner."""
     import tempfile
 
@@ -77,7 +78,7 @@ def smoke(dev, log=print) -> dict:
     from offload_lab import HostMemory, catalog, synthetic
 
     host = HostMemory(available="64GiB")
-    results: dict = {"identical": {}, "restored": {}, "startup_peak": {}}
+    results: dict = {"identical": {}, "restored": {}, "startup_peak": {}, "device_peak": {}}
     model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.1, layers=6, dtype=torch.bfloat16)
     inputs = synthetic.example_inputs(model, tokens=512, device=dev)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -101,7 +102,13 @@ def smoke(dev, log=print) -> dict:
                         outs.append(m(**inputs))
             ok = all(torch.equal(o, ref) for o in outs)
             results["identical"][f"{tier} p{p}"] = ok
-            log(f"  smoke: {tier:<8} prefetch {p}: outputs {'bit-identical' if ok else 'DIFFER'}")
+            # the after-compute order holds the host so a group keeps at most prefetch + 1 layers on
+            # the device: the allocator's high-water mark stays within the planner's estimate
+            peak = mgr.run.meta.get("device_peak") or {}
+            results["device_peak"][f"{tier} p{p}"] = {**peak, "within_estimate": bool(
+                peak and peak["measured_bytes"] <= peak["predicted_bytes"])}
+            log(f"  smoke: {tier:<8} prefetch {p}: outputs {'bit-identical' if ok else 'DIFFER'}; device peak "
+                f"{peak.get('measured_bytes')} B measured, {peak.get('predicted_bytes')} B estimated")
         del mapped
     after = model.state_dict()
     results["restored"]["values"] = all(torch.equal(after[k], v) for k, v in before.items())

@@ -324,6 +324,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
     stager_free = {g: 0.0 for g in walk.groups}
     held: dict[str, deque] = {g: deque() for g in walk.groups}  # device-copy ends of buffers in use
     stage_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
+    comp_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}  # compute end per copy number
     pre_upto = walk.pre_upto
     slow, fast, tau = prof.copy_slowdown, prof.idle_speedup, prof.idle_tau_s
     copy_from = 0.0    # start of the last copy on the link (for a block's overlap with it)
@@ -334,8 +335,15 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
         S, ends = seq[g], copy_end[g]
         n = len(S)
         q = issued[g]
+        done_at, cap = comp_end[g], walk.depth[g] + 1
         while q < last:
             q += 1
+            if after:
+                # the runtime holds the host until the compute that read the buffer this copy
+                # takes over (prefetch + 1 copies back) has finished
+                e = done_at.pop(q - cap, None)
+                if e is not None and e > t:
+                    t = e
             lay = S[q % n]
             dur = lay.copy_warm
             if lay.tier == "mapped" and (g, lay.index) not in seen:
@@ -410,6 +418,8 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
                 t += launch_s
                 if k >= 0:
                     moved((end, freed))
+                    if after:
+                        comp_end[g][q] = end
                     if after and issued[g] < q + depth:
                         issue_upto(g, q + depth)
         # the end marker is recorded on the compute stream after the host's tail work; then

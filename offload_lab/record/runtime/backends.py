@@ -14,6 +14,13 @@ stream allocates its own buffers so that it never waits for the whole compute st
 caching allocator hands a freed buffer out again only once the compute that last read it has
 finished (``record_stream``). ``"before-compute"`` is what other runtimes do: every copy is
 issued from the pre-hook after ``copy_stream.wait_stream(compute)``.
+
+In the after-compute order on cuda (``bounds_run_ahead``) the manager holds the host, before it
+allocates a copy's buffers, until the compute that read the group's oldest released buffers has
+finished (``is_done`` / ``wait_done`` on that compute-end marker), so a group never holds more
+than ``prefetch + 1`` layers on the device however far ahead of the GPU the host runs. The cpu
+backend's host runs every block itself and never runs ahead; before-compute buffers come from the
+compute stream, whose freed buffers the allocator reuses in stream order.
 """
 
 from __future__ import annotations
@@ -120,6 +127,8 @@ class CpuBackend(_Stagers):
 
     name = "cpu"
 
+    bounds_run_ahead = False  # the host runs every block itself: it is never ahead
+
     def __init__(self, device: torch.device, issue: str = "after-compute"):
         self.device = device
         self.issue_order = issue
@@ -138,6 +147,14 @@ class CpuBackend(_Stagers):
 
     def mark(self) -> float:
         return self.now()
+
+    @staticmethod
+    def is_done(marker: float) -> bool:
+        return True
+
+    @staticmethod
+    def wait_done(marker: float) -> None:
+        pass
 
     # -- copy engine ---------------------------------------------------------------------------
     def _engine(self, group: str) -> queue.Queue:
@@ -234,6 +251,7 @@ class CudaBackend(_Stagers):
     def __init__(self, device: torch.device, issue: str = "after-compute"):
         self.device = device
         self.issue_order = issue
+        self.bounds_run_ahead = issue == "after-compute"
         self._init_stagers()
         torch.cuda.set_device(device)
         self.compute = torch.cuda.current_stream(device)
@@ -261,6 +279,14 @@ class CudaBackend(_Stagers):
         ev = self._event()
         ev.record(self.compute)
         return ev
+
+    @staticmethod
+    def is_done(marker: torch.cuda.Event) -> bool:
+        return marker.query()
+
+    @staticmethod
+    def wait_done(marker: torch.cuda.Event) -> None:
+        marker.synchronize()
 
     def stream(self, group: str) -> torch.cuda.Stream:
         s = self._streams.get(group)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,10 @@ class _Group:
     # host-blocking copies deferred to the post-hook (after-compute issue order)
     pending: list[int] = field(default_factory=list)
     pool: StagingPool | None = None
+    # device buffers allocated and not yet reusable, and the compute-end markers of the released
+    # ones, oldest first (after-compute on cuda: see OffloadManager._throttle)
+    outstanding: int = 0
+    released: deque = field(default_factory=deque)
 
 
 class OffloadManager(Recorder):
@@ -374,8 +379,30 @@ class OffloadManager(Recorder):
         return min(int(self.plan.prefetch), max(len(g.streamed) - 1, 0))
 
     # -- copies ----------------------------------------------------------------------------------------
+    def _throttle(self, g: _Group) -> None:
+        """Hold the host until a new device buffer keeps the group within ``prefetch + 1``.
+
+        In the after-compute order on cuda a buffer the compute stream read is handed out
+        again only once that compute has finished, and nothing else stops the host from
+        running ahead of the GPU: without this wait it would allocate a buffer per layer it
+        launches, up to the whole model on the device. Waiting for the compute that read the
+        oldest released buffer keeps the device peak where the planner puts it; the host is
+        held only while it is ahead, so no copy or compute starts later.
+        """
+        if not self._backend.bounds_run_ahead:
+            return
+        cap = self._depth(g) + 1
+        while g.released and self._backend.is_done(g.released[0]):
+            g.released.popleft()
+            g.outstanding -= 1
+        while g.outstanding + 1 > cap and g.released:
+            self._backend.wait_done(g.released.popleft())
+            g.outstanding -= 1
+
     def _issue(self, g: _Group, i: int) -> CopyTicket:
         store = self._stores[(g.name, i)]
+        self._throttle(g)
+        g.outstanding += 1
         ticket = CopyTicket(g.name, i, store.tier, store.nbytes)
         with self._backend.alloc_context(g.name):
             ticket.bufs = store.alloc_device(self.device)
@@ -446,6 +473,7 @@ class OffloadManager(Recorder):
                 ticket = g.live.pop(i)
                 store.unbind(self._placeholders)
                 ticket.bufs = {}
+                g.released.append(rec["end"])  # the buffers are free once this block has run
                 self._ledger(-nbytes)
                 self._flush_pending(g)
             if self.record_memory:
