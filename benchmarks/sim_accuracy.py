@@ -153,21 +153,29 @@ def _print_held_out(runs: dict, where: str, skipped: list[str]) -> int:
 def _print_blocks(runs: dict) -> None:
     """What the compute model's block effects are fitted from: per run, the median block, the
     idle time of the compute stream before it and the share of it a copy overlapped, and the
-    host's per-block cost (``hook_s``) fitted on that run alone."""
+    host's per-block cost: ``hook_s`` fitted on that run alone, and the host's time between two
+    consecutive host blocks of a step (launching a block and issuing the next copy), where a
+    run has them."""
     import numpy as np
 
     from offload_lab import calibrate
     from offload_lab.simulation import gpu_effects
 
     print("\nblocks, per run (median; idle = the compute stream idle before a block; copy beside = share of "
-          "the block a copy overlapped; host/block = hook_s calibrated on the run alone, in-sample):")
-    print(f"{'run':>36} {'block_ms':>9} {'idle_ms':>8} {'copy beside':>12} {'host/block_ms':>14}")
+          "the block a copy overlapped; host/block = hook_s calibrated on the run alone, in-sample; "
+          "host between blocks = host time between consecutive host blocks of a step):")
+    print(f"{'run':>36} {'block_ms':>9} {'idle_ms':>8} {'copy beside':>12} {'host/block_ms':>14} "
+          f"{'host between blocks_ms':>23}")
     for name, r in runs.items():
         comp = r.events[r.events["kind"] == "compute"]
         fx = gpu_effects.observe(r)
         d = comp["dur_s"].to_numpy(dtype="float64")
+        hb = r.events[r.events["kind"] == "host_block"].sort_values("start_s")
+        between = [g["start_s"].to_numpy()[1:] - g["end_s"].to_numpy()[:-1] for _, g in hb.groupby("step")]
+        between = np.concatenate(between) if between else np.zeros(0)
+        gap = f"{np.median(between) * 1e3:23.3f}" if len(between) else f"{'-':>23}"
         print(f"{name:>36} {np.median(d) * 1e3:9.2f} {np.nanmedian(fx['idle']) * 1e3:8.2f} "
-              f"{np.median(fx['ov'] / d):12.1%} {calibrate(r).hook_s * 1e3:14.3f}")
+              f"{np.median(fx['ov'] / d):12.1%} {calibrate(r).hook_s * 1e3:14.3f} {gap}")
     fitted = calibrate(list(runs.values())[:1], effects_from=list(runs.values()))
     print(f"  block effects fitted over all these runs: copy_slowdown {fitted.copy_slowdown:.3f}, "
           f"idle_speedup {fitted.idle_speedup:.3f}, idle_tau_s {fitted.idle_tau_s * 1e3:.1f} ms "

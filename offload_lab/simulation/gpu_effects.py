@@ -32,8 +32,9 @@ RATE_BOUND = 0.5
 #: least spread (within layers) of a regressor for its effect to be fitted at all
 MIN_SPREAD = 0.02
 #: the idle time constant (s) used when the runs show too few idle levels to fit one: the fit
-#: over the H200 runs this project ships (idle gaps of 0, 1.7, 10-12 and 82 ms before blocks)
-IDLE_TAU_PRIOR = 0.015
+#: over the H200 runs this project ships (idle gaps of 0, 1.7, 10-12 and 82 ms before blocks; the
+#: h200 profile's idle_tau_s)
+IDLE_TAU_PRIOR = 0.0063
 _TAU_GRID = tuple(float(x) for x in np.geomspace(5e-4, 0.5, 61))
 
 

@@ -110,7 +110,7 @@ class DeviceProfile:
     memory_bytes: int | None = None
     copy_slowdown: float = 0.0
     idle_speedup: float = 0.0
-    idle_tau_s: float = 0.015
+    idle_tau_s: float = 0.0063
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
