@@ -23,7 +23,10 @@ pre-hook and each copy first waits for everything launched on the compute stream
 ``"after-compute"`` (the default) issues the copies that do not block the host (pinned, staged)
 from the pre-hook too and the host-blocking ones (pageable, mapped) after the block's launch,
 and copies wait for no compute (the allocator keeps a freed buffer until its last reader is
-done), so a copy that blocks the host overlaps the block just launched.
+done), so a copy that blocks the host overlaps the block just launched; before a copy takes
+a device buffer the host waits until the compute that read the buffer it takes over (prefetch
++ 1 copies back) has finished, as the runtime holds it, so a group never has more than
+prefetch + 1 layers on the device.
 
 It follows the runtime's semantics: per group,
 prefetch depth ``p`` (0 included, capped at ``len(S) - 1``) over the group's streamed layers
@@ -395,8 +398,8 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
                 begin = ready = t if t > stream_free else stream_free
                 if k >= 0:
                     # pre-hook: this layer's copy if not issued yet, then the next `depth`
-                    # streamed layers, wrapping to the next forward (after-compute: after the
-                    # launch); resident layers issue nothing
+                    # streamed layers, wrapping to the next forward (after-compute: the
+                    # host-blocking ones after the launch); resident layers issue nothing
                     q = use * nS + k
                     upto = pre_upto(g, q, depth, after)
                     if issued[g] < upto:
