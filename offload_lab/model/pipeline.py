@@ -31,7 +31,7 @@ from offload_lab.model.spec import (
     SpecError,
     TensorSpec,
     _candidate_groups,
-    dtype_name,
+    parameter_specs,
     spec_from_named,
 )
 
@@ -200,14 +200,7 @@ def pipeline_spec_of(pipe: Any, steps: int = DEFAULT_STEPS, passes: int = DEFAUL
     is_mapped = file_backed_checker()
     out: dict[str, ComponentSpec] = {}
     for name, mod in mods.items():
-        seen: set[int] = set()
-        tensors = []
-        for pname, p in mod.named_parameters(remove_duplicate=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            mapped = False if p.device.type == "meta" else is_mapped(p)
-            tensors.append(TensorSpec(pname, tuple(p.shape), dtype_name(p.dtype), mapped))
+        tensors, seen = parameter_specs(mod, is_mapped)
         bufs = {id(b): b for b in mod.buffers() if id(b) not in seen}
         nbytes = sum(b.numel() * b.element_size() for b in bufs.values())
         subs = dict(mod.named_modules())

@@ -464,6 +464,20 @@ def _groups_of(module, groups: list[str] | str | None, mname: str) -> list[str]:
     return groups
 
 
+def parameter_specs(module: Any, is_mapped: Any) -> tuple[list[TensorSpec], set[int]]:
+    """A :class:`TensorSpec` per parameter of ``module`` (a shared one once; ``is_mapped`` says
+    whether its storage lies in a file mapping), and the ids of the parameters seen."""
+    seen: set[int] = set()
+    tensors: list[TensorSpec] = []
+    for pname, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        mapped = False if p.device.type == "meta" else is_mapped(p)
+        tensors.append(TensorSpec(pname, tuple(p.shape), dtype_name(p.dtype), mapped))
+    return tensors, seen
+
+
 def spec_of(module, groups: list[str] | None = None, name: str | None = None) -> ModelSpec:
     """Spec of a live ``nn.Module``: its layer groups, per-layer bytes and non-layer bytes.
 
@@ -504,14 +518,6 @@ def spec_of(module, groups: list[str] | None = None, name: str | None = None) ->
     meta = copy.deepcopy(meta) if isinstance(meta, dict) else {}
     mname = name or meta.get("spec_name") or type(module).__name__
     groups = _groups_of(module, groups, mname)
-    is_mapped = file_backed_checker()
-    seen: set[int] = set()
-    tensors: list[TensorSpec] = []
-    for pname, p in module.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        mapped = False if p.device.type == "meta" else is_mapped(p)
-        tensors.append(TensorSpec(pname, tuple(p.shape), dtype_name(p.dtype), mapped))
+    tensors, _ = parameter_specs(module, file_backed_checker())
     classes = {g: type(module.get_submodule(g)[0]).__name__ for g in groups}
     return spec_from_named(tensors, mname, groups, meta=meta, block_classes=classes)

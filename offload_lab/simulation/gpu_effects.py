@@ -145,7 +145,8 @@ def derate(comp_d: np.ndarray, groups: list[str], ov: np.ndarray, idle: np.ndarr
     """Block times of ``model`` with the effects taken out (a step's first block keeps its idle part)."""
     if not (fx.copy_slowdown or fx.idle_speedup):
         return comp_d
-    fl = np.array([fx.floor(model, g) for g in groups], dtype="float64")
+    per_group = {g: fx.floor(model, g) for g in set(groups)}
+    fl = np.array([per_group[g] for g in groups], dtype="float64")
     fl = np.minimum(fl, comp_d)
     d = np.maximum(comp_d, 1e-15)
     factor = (1.0 + fx.copy_slowdown * ov / d) * (1.0 - fx.idle_speedup * (1.0 - np.exp(-np.nan_to_num(idle) / fx.idle_tau_s)))
