@@ -43,7 +43,7 @@ _EXPORTS = {
     "held_out": "simulation.heldout",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
-    "shipped_runs": "shipped", "load": "artifacts",
+    "shipped_runs": "shipped", "load": "artifacts", "OffloadLabError": "errors",
 }
 # submodules users reach from the root: ``offload_lab.catalog.load(...)``
 _MODULES = {
