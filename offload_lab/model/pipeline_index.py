@@ -142,7 +142,11 @@ def _exported(library: str, name: str) -> Any:
 
 def _pipeline_module(library: str) -> Any:
     """diffusers' own pipeline module ``library`` (``stable_diffusion``), or None."""
-    if importlib.util.find_spec("diffusers") is None:
+    spec = importlib.util.find_spec("diffusers")
+    # looked for on disk first: a name that is no folder of diffusers' pipelines costs no import
+    places = spec.submodule_search_locations if spec is not None else None
+    if not places or not any((Path(p) / "pipelines" / library / "__init__.py").is_file()
+                             for p in places):
         return None
     import diffusers.pipelines as pipelines
 
