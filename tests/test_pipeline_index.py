@@ -219,3 +219,15 @@ def test_a_diffusers_pipeline_module_library_is_accepted(tiny_saved, tmp_path):
     (d / "model_index.json").write_text(json.dumps(info))
     with pytest.raises(offload_lab.SpecError, match="is not a model, scheduler"):
         check_pipeline_index(d)
+
+
+def test_a_supported_library_not_installed_is_named(tiny_saved, tmp_path, monkeypatch):
+    d = tmp_path / "te"
+    shutil.copytree(tiny_saved, d)
+    info = json.loads((d / "model_index.json").read_text())
+    info["text_encoder"] = ["transformers", "UMT5EncoderModel"]
+    (d / "model_index.json").write_text(json.dumps(info))
+    # a None entry in sys.modules is how Python itself marks a package as not importable
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(offload_lab.SpecError, match="needs transformers, which is not installed"):
+        offload_lab.spec_of(d)
