@@ -2,7 +2,8 @@
 # Sets up .venv for offload-lab on a fresh machine (idempotent).
 #   bash scripts/setup.sh          the package with its notebook extra (widgets, the magic, JupyterLab)
 #   bash scripts/setup.sh --dev    plus test and docs tools (pytest, ruff, nbclient, playwright,
-#                                  mkdocs, build; Debian chromium)
+#                                  mkdocs, build; Debian chromium), every one at the exact version
+#                                  in constraints/dev.txt so test runs do not depend on the day
 # torch: an importable torch is kept as it is (the venv sees system packages); otherwise the
 # CPU build 2.13.0 is installed, which pip takes from local disk where it lies, instead of
 # letting an unpinned dependency pull a multi-GB CUDA build.
@@ -21,7 +22,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   $pip install -q torch==2.13.0
 fi
 if [ "$dev" = 1 ]; then
-  $pip install -q -e ".[dev]"
+  $pip install -q -c constraints/dev.txt -e ".[dev]"
   if ! command -v chromium >/dev/null 2>&1; then
     echo "setup: installing Debian chromium for the report browser tests"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

@@ -31,3 +31,48 @@ def measured():
         runs.append(offload_lab.profile(model, lambda: model(**inputs), plan, steps=2, warmup=1,
                                         backend="cpu", label=label))
     return runs
+
+
+# -- the tiny diffusers pipeline (tiny_pipelines.py), one of each per session --------------------
+@pytest.fixture(scope="session")
+def tiny_pipe():
+    """A tiny random WanPipeline (6 transformer blocks, no text encoder)."""
+    pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    from tiny_pipelines import LAYERS
+
+    from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_pipeline
+
+    return tiny_wan_pipeline(layers=LAYERS)
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_pipe):
+    """``tiny_pipe``'s frames without offload."""
+    from tiny_pipelines import frames
+
+    return frames(tiny_pipe)
+
+
+@pytest.fixture(scope="session")
+def tiny_saved(tiny_pipe, tmp_path_factory):
+    """``tiny_pipe`` written by ``save_pretrained`` in small shards; tests must not edit it."""
+    from tiny_pipelines import save
+
+    return save(tiny_pipe, tmp_path_factory.mktemp("tiny_wan"))
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_saved):
+    """``tiny_saved`` loaded by ``from_pretrained``: its weights on the files' pages."""
+    from tiny_pipelines import load
+
+    return load(tiny_saved)
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded_reference(tiny_loaded):
+    """``tiny_loaded``'s own frames without offload: what offload of it must reproduce."""
+    from tiny_pipelines import frames
+
+    return frames(tiny_loaded)

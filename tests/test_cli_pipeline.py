@@ -13,14 +13,12 @@ from offload_lab.cli.app import main
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_pipeline  # noqa: E402
+from tiny_pipelines import LAYERS  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    d = tmp_path_factory.mktemp("wan")
-    tiny_wan_pipeline(layers=4).save_pretrained(d, max_shard_size="100KB")
-    return d
+@pytest.fixture
+def saved(tiny_saved):
+    return tiny_saved
 
 
 def _refused(capsys, argv, out, match):
@@ -73,5 +71,5 @@ def test_profile_pipeline_directory(saved, tmp_path, capsys):
     # 4 denoising steps of 2 transformer calls, then the VAE's decode
     assert len(run.steps) == 5 and run.steps["calls"].tolist()[:4] == [2] * 4
     lay = run.layers[run.layers["group"] == "transformer.blocks"]
-    assert len(lay) == 4 and (lay["tier"] == "mapped").all()
+    assert len(lay) == LAYERS and (lay["tier"] == "mapped").all()
     assert "saved" in capsys.readouterr().out

@@ -1,8 +1,10 @@
 """``offload-lab profile --pipeline DIR``: a local diffusers pipeline, one plan per component.
 
 Everything that can be refused is refused before a weight is loaded or a file written: a
-directory that is not a diffusers pipeline, a pipeline with no layer group in any component,
-a missing diffusers install. The pipeline is loaded with ``from_pretrained`` (its weights stay
+directory that is not a diffusers pipeline, an index naming a library or class offload-lab does
+not load, custom code or files outside the directory
+(:mod:`offload_lab.model.pipeline_index`), a pipeline with no layer group in any component, a
+missing diffusers install. The pipeline is loaded with ``from_pretrained`` (its weights stay
 on the files' pages with accelerate installed, so ``--tier mapped`` serves them from there),
 run once per warm-up request and once measured, and the run saved.
 """
@@ -52,21 +54,20 @@ def check_pipeline_dir(path: str) -> Any:
 
 
 def _load(root: Path, names: dict[str, Any]) -> Any:
-    try:
-        import diffusers
-    except ImportError:
-        raise CliError("--pipeline needs diffusers, transformers and accelerate: "
-                       "pip install 'offload-lab[diffusers]'") from None
-    import json
+    import importlib.util
 
-    info = json.loads((root / "model_index.json").read_text())
+    if importlib.util.find_spec("diffusers") is None:
+        raise CliError("--pipeline needs diffusers, transformers and accelerate: "
+                       "pip install 'offload-lab[diffusers]'")
+    from offload_lab.model.pipeline_index import check_pipeline_index
+
+    index = check_pipeline_index(root)
     # components the directory lists without weights are passed as None, as diffusers asks
-    absent = {n: None for n, e in info.items() if not n.startswith("_") and isinstance(e, list)
-              and (e[1] is None or not (root / n).is_dir())}
-    cls = getattr(diffusers, str(info.get("_class_name")), diffusers.DiffusionPipeline)
+    absent = {n: None for n in index.absent}
+    cls = index.pipeline_class()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = cls.from_pretrained(root, **absent)
+        pipe = cls.from_pretrained(root, local_files_only=True, **absent)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

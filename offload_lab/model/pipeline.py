@@ -20,7 +20,6 @@ Uses per request: a denoiser (``transformer``, ``transformer_2``, ``unet``, ``pr
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -227,31 +226,25 @@ def pipeline_spec_from_dir(path: str | os.PathLike, steps: int = DEFAULT_STEPS,
     ``model_index.json`` names the components; each one with safetensors in its folder (one
     file, or shards with their ``*.safetensors.index.json``) becomes a component spec; every
     tensor is a checkpoint view (``mapped``). Components listed as ``[null, null]`` or without
-    weights (schedulers, tokenizers) are skipped.
+    weights (schedulers, tokenizers) are skipped. The index is checked first
+    (:func:`~offload_lab.model.pipeline_index.check_pipeline_index`: supported libraries and
+    exported classes only, no custom code, nothing resolving outside the directory).
     """
     from offload_lab.model.checkpoints import read_checkpoint
+    from offload_lab.model.pipeline_index import check_pipeline_index
 
     root = Path(path)
-    index = root / "model_index.json"
-    if not index.is_file():
-        raise SpecError(f"{str(root)!r} is not a diffusers pipeline directory: it has no model_index.json")
-    try:
-        info = json.loads(index.read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"{str(index)!r} is not valid JSON ({type(e).__name__})") from None
-    if not isinstance(info, dict):
-        raise SpecError(f"{str(index)!r} holds a {type(info).__name__}; expected a JSON object")
+    index = check_pipeline_index(root)
     out: dict[str, ComponentSpec] = {}
-    for name, entry in info.items():
-        if name.startswith("_") or not isinstance(entry, list) or len(entry) != 2 or entry[1] is None:
-            continue
+    for name, (_, class_name) in index.components.items():
         folder = root / name
-        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        # shards listed by an index are checked even when none lies in the folder itself
+        if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.safetensors.index.json")):
             continue
         tensors = [TensorSpec(e.name, tuple(e.shape), e.dtype, True)
                    for h in read_checkpoint(folder) for e in h.tensors.values()]
-        out[name] = component_from_tensors(name, tensors, class_name=str(entry[1]))
+        out[name] = component_from_tensors(name, tensors, class_name=class_name)
     if not out:
         raise SpecError(f"{str(root)!r} lists no component with safetensors weights")
-    return PipelineSpec(str(info.get("_class_name") or root.name), out, steps, passes,
+    return PipelineSpec(index.class_name, out, steps, passes,
                         {"source": str(root)})
