@@ -171,7 +171,8 @@ def test_python_saves_refuse_a_node(save: str, kind: str, run: Run, small_report
                                     alarm: None) -> None:
     node = tmp_path / "node"
     make_node(node, kind)
-    with pytest.raises(OutputError, match=r"'.*node' is a (FIFO \(named pipe\)|character device), not a regular file") as e:
+    refused = r"'.*node' is a (FIFO \(named pipe\)|character device), not a regular file"
+    with pytest.raises(OutputError, match=refused) as e:
         _saves(run, small_report)[save](node)
     assert isinstance(e.value, OffloadLabError) and isinstance(e.value, ValueError)
     assert str(e.value).count("\n") == 0
@@ -217,3 +218,14 @@ def test_kind_of_never_opens_what_it_looks_at(tmp_path: Path, alarm: None) -> No
     assert kind_of(tmp_path / "loop") == "symbolic link loop"
     with pytest.raises(OutputError, match="is a symbolic link loop"):
         atomic_write(tmp_path / "loop", "x")
+
+
+def test_synthetic_checkpoint_save_refuses_a_node(tmp_path: Path, alarm: None) -> None:
+    from offload_lab import catalog, synthetic
+
+    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.02, layers=1)
+    make_node(tmp_path / "m.safetensors", "fifo")
+    with pytest.raises(OutputError, match="m.safetensors' is a FIFO"):
+        synthetic.save(model, tmp_path / "m.safetensors")
+    assert is_node(tmp_path / "m.safetensors", "fifo")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]

@@ -204,17 +204,17 @@ def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Modul
 
 def _check_profile_model(args: argparse.Namespace) -> None:
     """Refuse a MODEL (or a ``--tokens`` it cannot read) before any output is looked at."""
-    from offload_lab.model.spec import ModelSpec
+    from offload_lab.model.checkpoints import read_checkpoint
 
     p = Path(args.model)
     if _is_checkpoint(p):
         if args.scale is not None or args.layers is not None:
             raise CliError(f"--scale / --layers do not apply to a checkpoint ({args.model!r}); "
                            f"they size models built from a catalog name or spec JSON")
-        spec = ModelSpec.from_safetensors(p)  # reads the headers only
+        read_checkpoint(p)  # the headers, as the load reads them; --tokens is read with the model
     else:
         spec, _ = resolve_spec(args.model)
-    _tokens(spec, args.tokens)
+        _tokens(spec, args.tokens)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
