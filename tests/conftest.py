@@ -3,6 +3,9 @@
 OpenMP threads that spin-wait for a core held by another thread (the cpu backend's copy
 engine, or another process) make CPU timings swing tenfold; waiting passively keeps them
 steady. It must be set before torch starts its thread pool, hence here.
+
+Tests write only to temporary directories: in a git checkout the session fails when it ends
+with untracked files (not ignored ones) that were not there when it started.
 """
 
 import os
@@ -10,7 +13,52 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def untracked_files(root: Path = CHECKOUT) -> set[str] | None:
+    """Untracked, not ignored files under ``root`` (git's view); ``None`` outside a git checkout."""
+    if not (root / ".git").exists() or shutil.which("git") is None:
+        return None
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z"], cwd=root,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return None
+    return {entry[3:] for entry in r.stdout.split("\0") if entry.startswith("?? ")}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller looks, not each xdist worker
+        session.config._untracked_at_start = untracked_files()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = getattr(session.config, "_untracked_at_start", None)
+    if before is None:
+        return
+    after = untracked_files()
+    new = sorted((after or set()) - before)
+    if not new:
+        return
+    shown = ", ".join(new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10 else "")
+    message = (f"tests wrote {len(new)} new untracked file(s) into the checkout {str(CHECKOUT)!r}: "
+               f"{shown}; tests must write only under tmp_path")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "files left in the checkout", red=True)
+        reporter.write_line(message)
+    else:
+        print(message)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 XSS = "</script><script>alert(1)</script>"
 

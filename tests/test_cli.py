@@ -1,4 +1,8 @@
-"""The ``offload-lab`` command, run as a real process (the console script, else ``python -m``)."""
+"""The ``offload-lab`` command, run as a real process (the console script, else ``python -m``).
+
+Every process runs in a temporary directory, never in the checkout: a command's default
+output (``offload-report.html``) must neither land there nor meet one left by ``demo``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,9 @@ SUBCOMMANDS = ("demo", "plan", "profile", "simulate", "report", "catalog")
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    if cwd is None:  # a fresh empty directory of its own
+        with tempfile.TemporaryDirectory(prefix="offload-lab-cli-") as tmp:
+            return cli(*args, cwd=Path(tmp), timeout=timeout)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # tests must not reach for a GPU another test holds, nor vary with one
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -99,7 +107,10 @@ def test_bad_input_gives_exit_2_and_one_line(args: list[str], needles: list[str]
 def test_corrupt_files_give_one_line(tmp_path: Path) -> None:
     bad_run = tmp_path / "broken.zip"
     bad_run.write_bytes(b"PK\x03\x04 not really a zip")
-    assert_one_line_error(cli("report", bad_run), "broken.zip")
+    assert_one_line_error(cli("report", bad_run, cwd=tmp_path), "broken.zip")
+    # the input is read before the output is looked at: an existing default output changes nothing
+    (tmp_path / "offload-report.html").write_text("left by an earlier run")
+    assert_one_line_error(cli("report", bad_run, cwd=tmp_path), "broken.zip")
     bad_spec = tmp_path / "spec.json"
     bad_spec.write_text('{"hello": 1}')
     assert_one_line_error(cli("plan", bad_spec), "spec.json")
@@ -111,8 +122,9 @@ def test_corrupt_files_give_one_line(tmp_path: Path) -> None:
     assert_one_line_error(cli("plan", latin), "latin1.json", "UTF-8")
     # --plan is read after the runs: a trace stands in for a saved run
     trace = Path(__file__).parent / "data" / "traces" / "gpu_two_steps.json"
-    assert_one_line_error(cli("report", trace, "--plan", latin), "latin1.json", "not JSON")
-    assert_one_line_error(cli("report", trace, "--plan", bad_spec), "spec.json", "offload-lab plan")
+    assert_one_line_error(cli("report", trace, "--plan", latin, cwd=tmp_path), "latin1.json", "not JSON")
+    assert_one_line_error(cli("report", trace, "--plan", bad_spec, cwd=tmp_path), "spec.json",
+                          "offload-lab plan")
 
 
 # -- profile -> simulate -> report --------------------------------------------------------------
@@ -160,7 +172,8 @@ def test_report_without_plotly_is_one_clear_line(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['plotly'] = None\n"
             "from offload_lab.cli.app import main\n"
             f"sys.exit(main(['report', {str(tmp_path / 'sim.zip')!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
     assert_one_line_error(r, "plotly is not installed")
     assert not (tmp_path / "r.html").exists()
 
@@ -173,7 +186,7 @@ def test_report_reads_profiler_traces_beside_runs(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "h200_offload_trace" in r.stdout and "3 pinned, 3 pageable" in r.stdout
     (tmp_path / "cut.json").write_text('{"traceEvents": [')
-    assert_one_line_error(cli("report", tmp_path / "cut.json"), "truncated")
+    assert_one_line_error(cli("report", tmp_path / "cut.json", cwd=tmp_path), "truncated")
 
 
 def test_unwritable_output_is_refused_before_the_work(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ Only the library's own errors (``ValueError`` subclasses defined in ``offload_la
 ``OSError`` are turned into that line: anything else is a bug and keeps its traceback.
 
 Output files follow one rule (:mod:`offload_lab.cli.outputs`): an existing file is overwritten
-only with ``--force``, and never when it is one of the command's inputs.
+only with ``--force``, never when it is one of the command's inputs, and a directory, FIFO,
+socket or device is never written to, ``--force`` or not. Inputs are read before outputs are
+looked at.
 
 This module holds the parser and :func:`main`; the subcommands live in
 :mod:`offload_lab.cli.commands` and :mod:`offload_lab.cli.demo` and are imported when they run,
@@ -135,7 +137,8 @@ examples:
   offload-lab report runs/*.zip --out report.html
 
 Sizes accept 8GiB, 512MiB, 1.5GB, 8e9. An output file that exists is overwritten only with
---force, and never when it is one of the command's inputs. Each command has --help.""",
+--force, and never when it is one of the command's inputs; a device, FIFO or directory is
+never written to. Each command has --help.""",
     "demo": f"""\
 examples:
   offload-lab demo                          # Wan2.1 T2V-1.3B, writes {DEFAULT_REPORT}

@@ -11,8 +11,9 @@ model's depth: the command prints the simulated full-model step beside the measu
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from offload_lab.cli.outputs import FORCE_HELP, check_output, check_output_dir
 
 __all__ = ["add_parser", "run", "CalibrateError", "TIERS"]
 
@@ -69,7 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--name", help="profile name (default: from the device)")
     p.add_argument("--save-runs", metavar="DIR", help="also save the measured short runs here")
     p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
-    p.add_argument("--force", action="store_true", help="overwrite PROFILE.json if it exists")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func="offload_lab.cli.calibrate:run")
     return p
 
@@ -128,15 +129,15 @@ def run(args: argparse.Namespace) -> int:
     from offload_lab.cli.sizing import choose_size
     from offload_lab.model import synthetic
 
-    out = Path(args.out)
-    if out.is_dir():
-        raise CalibrateError(f"--out {str(out)!r} is a directory; accepted: a PROFILE.json path")
-    if out.exists() and not args.force:
-        raise CalibrateError(f"{str(out)!r} exists; pass --force to overwrite it, or choose --out")
     if args.model not in ol.catalog.names():
         raise CalibrateError(f"--model {args.model!r} is not in the catalog; accepted: {ol.catalog.names()}")
     full = ol.catalog.load(args.model)
     backend = _resolve_backend(args.backend)
+    if args.tokens is not None:
+        token_counts(full, args.tokens, backend, 0)  # a bad --tokens fails before the outputs
+    # the outputs once the inputs are read, before the sizing probe and the runs
+    out = check_output(args.out, args.force, example="profile.json")
+    save_dir = check_output_dir(args.save_runs, args.force) if args.save_runs else None
     _set_threads(backend, args.threads)
     scale = args.scale if args.scale is not None else (1.0 if backend == "cuda" else None)
     size = choose_size(full, backend, scale=scale, layers=args.layers)
@@ -157,11 +158,10 @@ def run(args: argparse.Namespace) -> int:
             r.meta["tokens"] = int(n)
             runs.append(r)
             print(f"  {r.label}: {r.step_time * 1e3:.2f} ms/step", flush=True)
-    if args.save_runs:
-        d = Path(args.save_runs)
-        d.mkdir(parents=True, exist_ok=True)
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
         for k, r in enumerate(runs):
-            r.save(d / f"calibrate-{k:02d}.zip")
+            r.save(save_dir / f"calibrate-{k:02d}.zip")
     prof = ol.calibrate(runs, name=args.name or f"calibrated-{backend}", tokens=counts[0])
     prof.provenance["short_run"] = {"model": args.model, "scale": size.scale, "layers": size.layers,
                                     "full_layers": {g.name: g.num_layers for g in full.groups},

@@ -19,6 +19,7 @@ from offload_lab.cli.progress import Progress
 from offload_lab.cli.sizing import Sizing, choose_size
 from offload_lab.planning.options import plan_kwargs
 from offload_lab.units import format_bytes
+from offload_lab.writing import REGULAR, kind_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -180,14 +181,15 @@ def _tokens(spec: ModelSpec, tokens: int | str | None) -> int | None:
     return resolve_tokens(spec, tokens)
 
 
+def _is_checkpoint(p: Path) -> bool:
+    return p.exists() and (p.is_dir() or p.name.endswith((".safetensors", ".index.json")))
+
+
 def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Module, Sizing, str]:
     from offload_lab.model import synthetic
 
     p = Path(args.model)
-    if p.exists() and (p.is_dir() or p.name.endswith((".safetensors", ".index.json"))):
-        if args.scale is not None or args.layers is not None:
-            raise CliError(f"--scale / --layers do not apply to a checkpoint ({args.model!r}); "
-                           f"they size models built from a catalog name or spec JSON")
+    if _is_checkpoint(p):
         model = synthetic.load(p, mmap=True)
         n = {g: len(model.get_submodule(g)) for g in synthetic.spec_of(model).group_names}
         tokens = _tokens(synthetic.spec_of(model), args.tokens) or (8192 if backend == "cuda" else 256)
@@ -198,6 +200,21 @@ def _build_for_profile(args: argparse.Namespace, backend: str) -> tuple[nn.Modul
     size = choose_size(spec, backend, scale=args.scale, layers=args.layers,
                        tokens=_tokens(spec, args.tokens))
     return synthetic.build(spec, scale=size.scale, layers=size.layers), size, "built"
+
+
+def _check_profile_model(args: argparse.Namespace) -> None:
+    """Refuse a MODEL (or a ``--tokens`` it cannot read) before any output is looked at."""
+    from offload_lab.model.checkpoints import read_checkpoint
+
+    p = Path(args.model)
+    if _is_checkpoint(p):
+        if args.scale is not None or args.layers is not None:
+            raise CliError(f"--scale / --layers do not apply to a checkpoint ({args.model!r}); "
+                           f"they size models built from a catalog name or spec JSON")
+        read_checkpoint(p)  # the headers, as the load reads them; --tokens is read with the model
+    else:
+        spec, _ = resolve_spec(args.model)
+        _tokens(spec, args.tokens)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -225,10 +242,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise CliError("profile needs MODEL (a catalog name, spec JSON or synthetic checkpoint) or --pipeline DIR")
     from offload_lab.cli import distributed
 
+    # the inputs first (a corrupt MODEL is reported as such), then the outputs, then the work
+    _check_profile_model(args)
+    backend = _resolve_backend(args.backend)
     out = check_output(args.out, args.force, inputs=[args.model], suffix=".zip")
     report_out = (check_output(args.report, args.force, inputs=[args.model], suffix=".html")
                   if getattr(args, "report", None) else None)
-    backend = _resolve_backend(args.backend)
     ranks = distributed.launched()
     if ranks is None:
         return _profile_here(args, backend, out, report_out, None)
@@ -298,9 +317,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from offload_lab.simulation import simulate
     from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds
 
-    out = None
-    if args.out is not None:
-        out = check_output(args.out, args.force, inputs=[args.model, args.device], suffix=".zip")
     spec, _ = resolve_spec(args.model)
     profile = _device_profile(args.device)
     if args.tokens is None and not spec.meta.get("tokens"):
@@ -317,6 +333,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         node = resolve_host(args.host if args.host is not None else SIM_HOST)
         args.host = HostMemory.from_dict({**node.to_dict(), "shared_by": k, "local_rank": 0})
     p = _make_plan(spec, args, host=SIM_HOST)
+    # every input is read and the plan made before the output is looked at
+    out = None
+    if args.out is not None:
+        out = check_output(args.out, args.force, inputs=[args.model, args.device], suffix=".zip")
     _say(_host_line(p))
     _say(f"plan: {p.summary()}")
     for w in p.warnings:
@@ -350,12 +370,15 @@ def _device_profile(text: str) -> Any:
     from offload_lab.simulation import DeviceProfile, names
 
     p = Path(text)
+    if not text.strip():  # before is_dir: Path('') is the current directory
+        raise CliError(f"--device '' is empty; expected a shipped profile name ({', '.join(names())}) "
+                       f"or a device profile JSON file")
     if p.is_dir():
         raise CliError(f"--device {text!r} is a directory; expected a shipped profile name "
                        f"({', '.join(names())}) or a device profile JSON file")
-    if not text.strip():
-        raise CliError(f"--device '' is empty; expected a shipped profile name ({', '.join(names())}) "
-                       f"or a device profile JSON file")
+    if kind_of(p) not in (REGULAR, None):  # reading a FIFO would wait for a writer forever
+        raise CliError(f"--device {text!r} is a {kind_of(p)}; expected a shipped profile name "
+                       f"({', '.join(names())}) or a device profile JSON file")
     return DeviceProfile.load(text)
 
 
@@ -375,6 +398,10 @@ def _run_paths(items: Sequence[str]) -> list[Path]:
         elif not p.exists():
             raise CliError(f"run {item!r} does not exist; accepted: RUN.zip files written by "
                            f"offload-lab profile / simulate or Run.save, or directories of them")
+        elif kind_of(p) != REGULAR:
+            # reading a FIFO would wait for a writer forever
+            raise CliError(f"run {item!r} is a {kind_of(p)}, not a file; accepted: RUN.zip files "
+                           f"written by offload-lab profile / simulate or Run.save, or directories of them")
         else:
             paths.append(p)
     return paths
@@ -422,14 +449,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     0
     """
     paths = _run_paths(args.runs)
-    inputs = [*paths, *([args.plan] if args.plan else [])]
-    out = check_output(args.out, args.force, inputs=inputs)
     runs = [_load_one(p) for p in paths]
     plan = None
     if args.plan:
         from offload_lab.planning.planner import Plan, PlanError
 
         accepted = "accepted: the output of offload-lab plan MODEL --json"
+        if kind_of(args.plan) not in (REGULAR, None):
+            raise CliError(f"--plan {args.plan!r} is a {kind_of(args.plan)}, not a file; {accepted}")
         try:
             plan = Plan.from_json(Path(args.plan).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -437,6 +464,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         except (PlanError, KeyError, TypeError) as e:
             why = str(e) if isinstance(e, PlanError) else "not an offload-lab plan"
             raise CliError(f"--plan {args.plan!r}: {why}; {accepted}") from None
+    # the output is looked at once every input has been read: a corrupt run is reported as such
+    out = check_output(args.out, args.force, inputs=[*paths, *([args.plan] if args.plan else [])])
     path = _write_report(runs, out, plan, args.title)
     _say(_comparison_text(runs))
     _say(f"report: {path.resolve()}")

@@ -65,6 +65,7 @@ class _Setup:
     sim_steps: int
     profiles: list[Any]
     size: Sizing | None = None
+    why: str = ""  # why this backend
 
 
 def _shipped_gpu_runs(model: str) -> list[Run]:
@@ -96,12 +97,11 @@ def _setup(args: argparse.Namespace) -> _Setup:
     why = ({"cuda": "a CUDA device is present", "cpu": "no CUDA device"}[backend]
            if args.backend == "auto" else "as asked")
     name = spec.meta.get("display_name", spec.name)
-    _say(f"offload-lab demo: {name} ({spec.name}) on the {backend} backend ({why})")
     profiles = [DeviceProfile.load(d) for d in DEMO_DEVICES]  # fail early on a broken install
     quick = args.quick
     steps = args.steps or ((3 if quick else 5) if backend == "cuda" else (2 if quick else 3))
     warmup = args.warmup if args.warmup is not None else (1 if (quick or backend == "cpu") else 2)
-    return _Setup(spec, name, backend, steps, warmup, 2 if quick else 3, profiles)
+    return _Setup(spec, name, backend, steps, warmup, 2 if quick else 3, profiles, why=why)
 
 
 def _measure(args: argparse.Namespace, s: _Setup, bar: Progress) -> tuple[list[Run], Plan]:
@@ -213,11 +213,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     >>> cmd_demo(build_parser().parse_args(["demo", "--quick", "--out", "/tmp/r.html"]))  # doctest: +SKIP
     0
     """
-    # every output is checked before minutes of work, not after
+    t_start = time.perf_counter()
+    s = _setup(args)  # the inputs first: the model, the backend, the device profiles
+    # then every output, before minutes of work, not after
     out = check_output(args.out, args.force)
     save_dir = check_output_dir(args.save_runs, args.force) if args.save_runs is not None else None
-    t_start = time.perf_counter()
-    s = _setup(args)
+    _say(f"offload-lab demo: {s.name} ({s.spec.name}) on the {s.backend} backend ({s.why})")
     bar = Progress(1 + _N_JOBS * (s.steps + s.warmup) + 2 + 1 + 2 * len(s.profiles) + 2)
     measured, partial = _measure(args, s, bar)
     sim_runs = _simulate(s, bar)

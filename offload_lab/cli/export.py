@@ -2,8 +2,10 @@
 
 ``chrome-trace`` writes the Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and
 ``chrome://tracing`` open: one track per stream per rank, one slice per interval named
-``group.layer``, memory counters (:mod:`offload_lab.record.chrome_trace`). An existing file is
-never overwritten without ``--force``.
+``group.layer``, memory counters (:mod:`offload_lab.record.chrome_trace`). The output follows
+the rule of every command (:mod:`offload_lab.cli.outputs`): checked once RUN has been read, an
+existing file overwritten only with ``--force``, never RUN itself nor a device, FIFO, socket or
+directory.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+
+from offload_lab.cli.outputs import FORCE_HELP, check_output
+from offload_lab.writing import REGULAR, kind_of
 
 __all__ = ["FORMATS", "ExportError", "add_parser", "run", "default_out"]
 
@@ -49,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="chrome-trace: trace-event JSON for Perfetto and chrome://tracing")
     p.add_argument("--out", metavar="PATH",
                    help="output file (default: RUN with .trace.json; a .gz name is compressed)")
-    p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func="offload_lab.cli.export:run")
     return p
 
@@ -74,7 +79,7 @@ def default_out(run_path: str, fmt: str) -> Path:
 def _load(path: Path) -> Any:
     from offload_lab.record.run import Run
 
-    if path.is_dir() or not path.exists():
+    if kind_of(path) != REGULAR:  # missing, a directory, or a FIFO that would never be read to the end
         raise ExportError(f"run {str(path)!r} is not a file; accepted: a RUN.zip written by "
                           f"offload-lab profile / simulate or Run.save, or a torch.profiler trace")
     if path.name.endswith((".json", ".json.gz")):
@@ -87,14 +92,9 @@ def _load(path: Path) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Carry out ``offload-lab export``; returns the exit status (0)."""
     src = Path(args.run)
-    out = Path(args.out) if args.out else default_out(args.run, args.format)
-    if out.exists() and out.resolve() == src.resolve():
-        raise ExportError(f"--out {str(out)!r} is the run itself; choose another path")
-    if out.exists() and not args.force:
-        raise ExportError(f"{str(out)!r} exists; pass --force to overwrite it, or choose --out")
-    if out.is_dir():
-        raise ExportError(f"--out {str(out)!r} is a directory; accepted: a file path")
-    loaded = _load(src)
+    loaded = _load(src)  # the input first: a corrupt RUN is reported as such
+    out = check_output(args.out if args.out else default_out(args.run, args.format), args.force,
+                       inputs=[src], example=f"run{FORMATS[args.format]}")
     trace = loaded.to_chrome_trace(out)
     n = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     kind = "simulated" if loaded.simulated else "measured"

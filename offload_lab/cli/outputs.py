@@ -1,9 +1,12 @@
 """Where the ``offload-lab`` commands write, and the one rule they follow.
 
+* An output is a regular file or a new path: a directory, FIFO, socket or device node is
+  refused, ``--force`` or not (the core of the rule is :mod:`offload_lab.writing`, which every
+  ``save`` follows too).
 * An output that already exists is refused unless ``--force`` is given.
 * An output is never one of the command's inputs, ``--force`` or not.
-* A directory is never an output file.
-* The directory an output goes in must be writable, checked before any work is done.
+* The directory an output goes in must be writable.
+* Outputs are checked after the inputs (a corrupt input is reported as such) and before the work.
 * A save that fails leaves nothing behind (no half-written file, no ``*.tmp``).
 
 >>> import tempfile, pathlib
@@ -11,50 +14,32 @@
 >>> check_output(d, suffix=".zip")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-offload_lab.cli.outputs.OutputError: --out '...' is a directory; expected a file path such as '.../run.zip'
+offload_lab.writing.OutputError: --out '...' is a directory; expected a file path such as '.../run.zip'
+>>> check_output("/dev/null", force=True)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+offload_lab.writing.OutputError: --out '/dev/null' is a character device, not a regular file; ...
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from offload_lab.writing import REGULAR, OutputError, check_target, check_writable_dir, kind_of
 
 __all__ = ["OutputError", "FORCE_HELP", "check_output", "check_output_dir", "cleaned_up"]
 
 FORCE_HELP = ("overwrite output files that already exist (an output is never written over one of "
-              "the command's inputs)")
-
-
-class OutputError(ValueError):
-    """An output path the command will not write to; the message says why and what to do."""
-
-
-def _final(path: str | os.PathLike, suffix: str | None) -> Path:
-    p = Path(path)
-    # Run.save appends .zip to a path that lacks it; check the file it will really write
-    if suffix and p.suffix != suffix:
-        p = p.with_name(p.name + suffix)
-    return p
-
-
-def _writable_dir(out: Path, shown: str) -> None:
-    parent = out.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)  # saving would create it anyway
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as e:
-        raise OutputError(f"cannot write {shown!r}: {str(parent)!r} is not a writable directory "
-                          f"({e.strerror or e})") from None
+              "the command's inputs, nor over a device, FIFO, socket or directory)")
 
 
 def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = (),
-                 suffix: str | None = None, what: str = "--out") -> Path:
+                 suffix: str | None = None, what: str = "--out", example: str | None = None) -> Path:
     """The file ``path`` will be written as (``suffix`` appended when missing), checked by the
-    rule above before any work is done.
+    rule above before any work is done; ``example`` is the file name a refusal suggests.
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "run.zip").write_text("x")
@@ -65,21 +50,17 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
     shown = str(path)
     if not shown.strip():
         raise OutputError(f"{what} '' is empty; expected a file path")
-    out = _final(path, suffix)
-    for candidate in (Path(path), out):
-        if candidate.is_dir():
-            example = Path(path) / ("run.zip" if suffix == ".zip" else "offload-report.html")
-            raise OutputError(f"{what} {shown!r} is a directory; expected a file path such as "
-                              f"{str(example)!r}")
+    example = example or ("run.zip" if suffix == ".zip" else "offload-report.html")
+    out = check_target(path, suffix, what, example)
     resolved = out.resolve()
     for item in inputs:
         if Path(item).resolve() == resolved:
             raise OutputError(f"{what} {shown!r} is also an input of this command; write the "
                               f"output to another file")
-    if out.exists() and not force:
+    if kind_of(out) is not None and not force:
         raise OutputError(f"{what} {shown!r} already exists; pass --force to overwrite it, or "
                           f"choose another path")
-    _writable_dir(out, shown)
+    check_writable_dir(out, shown)
     return out
 
 
@@ -96,13 +77,15 @@ def check_output_dir(path: str | os.PathLike, force: bool = False, what: str = "
     if not shown.strip():
         raise OutputError(f"{what} '' is empty; expected a directory")
     d = Path(path)
-    if d.exists() and not d.is_dir():
-        raise OutputError(f"{what} {shown!r} is a file, not a directory; give a directory to save "
-                          f"the runs in")
-    if d.is_dir() and not force and any(d.glob(pattern)):
+    kind = kind_of(d)
+    if kind is not None and kind != "directory":
+        what_it_is = "a file" if kind == "regular file" else f"a {kind}"
+        raise OutputError(f"{what} {shown!r} is {what_it_is}, not a directory; give a directory to "
+                          f"save the runs in")
+    if kind == "directory" and not force and any(d.glob(pattern)):
         raise OutputError(f"{what} {shown!r} already holds {pattern} files; pass --force to "
                           f"overwrite them, or choose another directory")
-    _writable_dir(d / "probe", shown)
+    check_writable_dir(d / "probe", shown)
     return d
 
 
@@ -126,6 +109,6 @@ def cleaned_up(path: Path) -> Iterator[None]:
         yield
     except BaseException:
         path.with_name(path.name + ".tmp").unlink(missing_ok=True)
-        if not existed:
+        if not existed and kind_of(path) == REGULAR:
             path.unlink(missing_ok=True)
         raise

@@ -110,8 +110,8 @@ def profile_pipeline(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         raise CliError(f"give MODEL {args.model!r} or --pipeline DIR, not both")
+    check_pipeline_dir(args.pipeline)  # the input first, then the output
     out = check_output(args.out, args.force, inputs=[args.pipeline], suffix=".zip")
-    check_pipeline_dir(args.pipeline)
     backend = _resolve_backend(args.backend)
     _set_threads(backend, args.threads)
     t0 = time.perf_counter()

@@ -28,13 +28,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     """
     from offload_lab.simulation.recommend import recommend
 
-    out = None
-    if args.out is not None:
-        out = check_output(args.out, args.force, inputs=[args.model, args.device], suffix=".html")
     spec, _ = resolve_spec(args.model)
     profile = _device_profile(args.device)
+    # recommend() checks the sizes, tokens and calls; the search itself takes about a second
     rec = recommend(spec, profile, host=args.host_available, device_memory=args.device_memory,
                     tokens=args.tokens, calls_per_step=args.calls, pin_budget=args.pin_budget)
+    out = None
+    if args.out is not None:  # looked at once every input has been read, before anything is printed
+        out = check_output(args.out, args.force, inputs=[args.model, args.device], suffix=".html")
     _say(rec.summary())
     _say(f"(step times SIMULATED on the {profile.provenance.get('kind', 'estimated')} profile "
          f"{profile.name!r}; device peaks are estimates; searched in {rec.search_s:.2f} s)")

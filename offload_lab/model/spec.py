@@ -18,6 +18,8 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.writing import atomic_write
+
 # bytes per element, by the dtype names torch prints without the "torch." prefix
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -263,7 +265,7 @@ class ModelSpec:
         """
         text = json.dumps(self.to_dict(), indent=1)
         if path is not None:
-            Path(path).write_text(text)
+            atomic_write(path, text, what="spec path", example="spec.json")
         return text
 
     @classmethod

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.writing import atomic_write
+
 if TYPE_CHECKING:
     from offload_lab.record.run import Run
 
@@ -200,12 +202,9 @@ def _write(trace: dict, path: Path) -> None:
     data = text.encode()
     if path.suffix == ".gz":
         data = gzip.compress(data, mtime=0)
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        atomic_write(path, data, what="trace path", example="run.trace.json")
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise OSError(f"cannot write trace {str(path)!r}: {e.strerror or e}") from None
 
 

@@ -37,6 +37,7 @@ from offload_lab.record.schema import (
     check_values,
     conform,
 )
+from offload_lab.writing import atomic_write
 
 __all__ = ["Run", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
            "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "summarize_steps", "summarize_layers",
@@ -341,7 +342,9 @@ class Run:
         """Write one zip file of parquet frames and ``meta.json`` (data, never pickle).
 
         ``.zip`` is appended when ``path`` lacks it (``load`` finds it again from the same
-        ``path``); the written path is returned. A failed save leaves nothing behind.
+        ``path``); the written path is returned. A failed save leaves nothing behind. The
+        target must be a regular file or a new path (:mod:`offload_lab.writing`): a device,
+        FIFO, socket or directory raises :class:`~offload_lab.writing.OutputError`.
 
         >>> import tempfile, offload_lab
         >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
@@ -351,17 +354,10 @@ class Run:
         >>> run.save(where).name, Run.load(where).equals(run)
         ('sim.zip', True)
         """
-        path = _zip_path(Path(path))
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._write(tmp)
-            os.replace(tmp, path)
+            return atomic_write(path, self._write, suffix=".zip", what="run path", example="run.zip")
         except OSError as e:
-            raise OSError(f"cannot write run {str(path)!r}: {e.strerror or e}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+            raise OSError(f"cannot write run {str(_zip_path(Path(path)))!r}: {e.strerror or e}") from None
 
     def _write(self, tmp: Path) -> None:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:

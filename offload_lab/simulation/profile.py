@@ -16,6 +16,7 @@ from typing import Any
 
 from offload_lab.shipped import data_dir, searched
 from offload_lab.simulation.errors import ProfileError, SimError
+from offload_lab.writing import atomic_write
 
 __all__ = ["DeviceProfile", "names", "BANDWIDTH_TIERS", "COMPUTE_MODES", "PROFILE_FORMAT"]
 
@@ -318,7 +319,7 @@ class DeviceProfile:
         """The profile as JSON text; also written to ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=1)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            atomic_write(path, text + "\n", what="profile path", example="profile.json")
         return text
 
     @classmethod

@@ -44,6 +44,7 @@ from offload_lab.views import figures as viz
 from offload_lab.views import rank_figures
 from offload_lab.views import report_data as rd
 from offload_lab.views.tables import noise_note
+from offload_lab.writing import atomic_write, kind_of
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -234,6 +235,10 @@ class Report:
     def save(self, path: str | os.PathLike = "offload-report.html") -> Path:
         """Write the report to ``path`` (one HTML file, works offline) and return the path.
 
+        ``path`` must be a regular file or a new path (:mod:`offload_lab.writing`): a device,
+        FIFO or socket raises :class:`~offload_lab.writing.OutputError`, a directory
+        :class:`ReportError`; the file is written whole, then renamed into place.
+
         >>> import offload_lab
         >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
         >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
@@ -245,14 +250,10 @@ class Report:
             raise ReportError(f"report path {path!r} is not a path; expected a str or os.PathLike "
                               f"such as 'offload-report.html'")
         p = Path(path)
-        if p.is_dir():
+        if kind_of(p) == "directory":
             raise ReportError(f"report path {str(p)!r} is a directory; expected a file path such as "
                               f"{str(p / 'offload-report.html')!r}")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_html(), encoding="utf-8")
-        os.replace(tmp, p)
-        return p
+        return atomic_write(p, self.to_html(), what="report path", example="offload-report.html")
 
     def _repr_html_(self) -> str:
         # an iframe keeps the report's CSS and plotly.js out of the notebook page and survives

@@ -17,6 +17,7 @@ from offload_lab.model.spec import ModelSpec
 from offload_lab.model.synthetic.construct import construct
 from offload_lab.model.synthetic.dims import ARCHS, SyntheticError, arch_of, dims_of
 from offload_lab.model.synthetic.weights import set_tensor
+from offload_lab.writing import atomic_write
 
 DEFAULT_SHARD_BYTES = 4 * 2**30
 _META_KEY = "offload_lab"
@@ -45,16 +46,18 @@ def _write_safetensors(path: Path, items: list[tuple[str, torch.Tensor]], metada
         off += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * ((-(8 + len(raw))) % _DATA_ALIGN)
-    tmp = path.with_name(path.name + ".tmp")
-    # write beside and rename: the target may be mapped by a model loaded from it
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for _, t in ordered:
-            if t.numel():
-                data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                f.write(memoryview(data.numpy()))
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for _, t in ordered:
+                if t.numel():
+                    data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                    f.write(memoryview(data.numpy()))
+
+    # written beside and renamed: the target may be mapped by a model loaded from it
+    atomic_write(path, write, what="checkpoint path", example="model.safetensors")
 
 
 def save(model: nn.Module, path: str | os.PathLike, shard_bytes: int | str = DEFAULT_SHARD_BYTES) -> Path:
@@ -114,10 +117,9 @@ def save(model: nn.Module, path: str | os.PathLike, shard_bytes: int | str = DEF
         _write_safetensors(directory / fname, shard, metadata)
         weight_map.update(dict.fromkeys((n for n, _ in shard), fname))
     index = directory / f"{stem}.safetensors.index.json"
-    tmp = index.with_name(index.name + ".tmp")
-    tmp.write_text(json.dumps({"metadata": {"total_size": total, _META_KEY: meta},
-                               "weight_map": weight_map}, indent=1, default=str))
-    os.replace(tmp, index)
+    atomic_write(index, json.dumps({"metadata": {"total_size": total, _META_KEY: meta},
+                                    "weight_map": weight_map}, indent=1, default=str),
+                 what="checkpoint index path", example="model.safetensors.index.json")
     return index
 
 
