@@ -40,11 +40,12 @@ __all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable", "why_not_paired",
 def _tokens(meta: dict[str, Any]) -> Any:
     # simulations record tokens at the top of meta (and the count a default resolved to);
     # GPU check runs under their own settings
+    sim = bool(meta.get("simulated"))
     if meta.get("tokens") is not None:
         t = meta["tokens"]
         # a resolution name ("480p") reads as the count it resolved to
-        return meta.get("tokens_used", t) if isinstance(t, str) else t
-    if meta.get("tokens_used") is not None:
+        return meta.get("tokens_used") or t if sim and isinstance(t, str) else t
+    if sim and meta.get("tokens_used") is not None:
         return meta["tokens_used"]
     gc = meta.get("gpu_check")
     return gc.get("tokens") if isinstance(gc, dict) else None

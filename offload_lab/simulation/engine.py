@@ -65,8 +65,8 @@ import pandas as pd
 
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
-from offload_lab.simulation.evidence import copy_class, evidence_of
 from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, _Events
+from offload_lab.simulation.evidence import copy_class, evidence_of
 from offload_lab.simulation.layers import _Layer, _prepare
 from offload_lab.simulation.profile import DeviceProfile, names
 
