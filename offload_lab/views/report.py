@@ -270,16 +270,16 @@ class Report:
 
 
 def _other_orders(runs: list[Run]) -> list[Run | None]:
-    from offload_lab.analysis.comparison import why_not_paired
+    """Per run, its plan predicted in the other issue order, unless no such prediction is needed
+    (a measured run, pinned copies only) or the report holds it already."""
+    from offload_lab.analysis.comparison import _sim_device, _tokens
     from offload_lab.simulation.evidence import issue_of, other_order
 
-    out: list[Run | None] = []
-    for r in runs:
-        there = any(x is not r and x.simulated and issue_of(x) != issue_of(r) and why_not_paired(r, x) in (
-            None, f"issue order {issue_of(r)} vs {issue_of(x)}") and x.meta.get("profile", {}).get("name")
-            == r.meta.get("profile", {}).get("name") for x in runs)
-        out.append(None if there else other_order(r))
-    return out
+    def twin(r: Run, x: Run) -> bool:  # the same prediction in the other order
+        return (x is not r and x.simulated and issue_of(x) != issue_of(r) and _sim_device(x) == _sim_device(r)
+                and _tokens(x.meta) == _tokens(r.meta) and rd.same_plan(x, r))
+
+    return [None if not r.simulated or any(twin(r, x) for x in runs) else other_order(r) for r in runs]
 
 
 def _rec_data(rec: Any, confirmation: Any) -> dict[str, Any]:
