@@ -146,8 +146,25 @@ def _print_held_out(runs: dict, where: str, skipped: list[str]) -> int:
         e = t[col].abs().dropna()
         if len(e):
             print(f"  {col:10s} median |error| {e.median():.1%}, worst {e.max():.1%} over {len(e)} runs")
+    _print_regimes(runs, t)
     _print_blocks(runs)
     return 0
+
+
+def _print_regimes(runs: dict, loo) -> None:
+    """The leave-one-out errors per regime (issue order × class of streamed copies): the bands
+    simulated runs on a profile of this device carry (``offload_lab.simulation.evidence``)."""
+    from offload_lab.simulation import SimError
+    from offload_lab.simulation.evidence import regime_table
+
+    try:
+        reg = regime_table(runs, loo=loo)
+    except SimError as e:  # runs of several devices: no one profile's table
+        print(f"regimes: {e}")
+        return
+    print(f"per regime (the ± band of a prediction in that regime), {reg['device_name']}:")
+    for row in reg["table"]:
+        print(f"  {row['issue']:>14s} · {row['copies']:<22s} worst {row['band']:.1%} over {len(row['runs'])} runs")
 
 
 def _print_blocks(runs: dict) -> None:

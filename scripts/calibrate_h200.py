@@ -11,7 +11,10 @@ blocks) are taken out (1.3B at 32,760 and 1,024
 tokens, 14B at 32,760); the plain achieved rate (``tflops``, used for layers of a kind the
 curve has not seen) from the 14B all-pinned run; host costs from ``offload_lab.calibrate`` on
 the pinned runs; ``step_error`` (the ± band of a simulated step) is the worst leave-one-out
-error of the simulator over the measured runs (``offload_lab.simulation.heldout``). The profile
+error of the simulator over the measured runs (``offload_lab.simulation.heldout``), and
+``regimes`` the same errors per regime (issue order × class of streamed copies,
+``offload_lab.simulation.evidence``), from which a simulated run's evidence is looked up: add
+measured runs of a new regime (e.g. after-compute pageable) and rerun this to confirm it. The profile
 itself is fitted on all the runs, so only the held-out figures measure it. Only ``mapped_cold`` (file pages not yet in the page cache) was not measured: it stays
 the estimate, and says so. ``--check`` exits 1 when the shipped file differs from what this
 script would write.
@@ -64,8 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     measured = [r for r in runs.values() if r.backend == "cuda"]
     effects = _fit_effects(measured)
     curve = _fit_curve(measured, False, None, None, effects)
-    loo = held_out({p.stem: r for p, r in zip(files, runs.values()) if r.backend == "cuda"}, schemes=("loo",))
+    by_file = {p.stem: r for p, r in zip(files, runs.values()) if r.backend == "cuda"}
+    loo = held_out(by_file, schemes=("loo",))
     step_error = float(loo["loo_err"].abs().max())
+    # which regimes (issue order × copy class) the measured runs back, and each one's held-out
+    # error: what every simulated run's evidence is looked up in
+    from offload_lab.simulation.evidence import regime_table
+
+    regimes = regime_table(by_file, loo=loo, source=Path(args.runs).name)
 
     old = DeviceProfile.load("h200")
     d = old.to_dict()
@@ -105,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             "(NVIDIA's H200 datasheet, nvidia.com/en-us/data-center/h200, gives 141 GB HBM3e)",
             f"step_error: the worst leave-one-out error over the {len(loo)} measured runs "
             "(benchmarks/sim_accuracy.py --runs data/runs/h200-2026-12-01)",
+            "regimes: the same leave-one-out errors grouped by regime (issue order × class of streamed "
+            "copies; offload_lab.simulation.evidence), each regime's band its worst",
         ],
         "not_measured": ["mapped_cold: kept from the estimate (pages were in the page cache in every run)",
                          "host_memcpy_gbps: no staged run yet; set to the measured pageable rate, a lower "
@@ -115,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     d["notes"] = ("Measured on one NVIDIA H200 cloud machine with scripts/gpu_check.py; pageable and mapped copies are "
                   "synchronous for the host thread there, as in the runtime.")
     d["memory_bytes"] = int(big.meta["cuda"]["total_memory"])
+    d["regimes"] = regimes
     text = json.dumps(d, indent=1) + "\n"
     path = ROOT / "data/devices/h200.json"
     if args.check:

@@ -6,7 +6,7 @@ Until a GPU runs the stages of ``scripts/gpu_stages.py`` (and the MiniMax-H3 ful
 the simulator's predictions for those cases ship as simulated runs: each case is planned on the
 catalog spec, simulated on the shipped ``h200`` profile and saved as ``DIR/<stage>-NN-<label>.zip``
 (default ``data/simulated/h200``) with ``DIR/manifest.json`` (case, the stage it stands in for,
-plan options, profile and its ``step_error`` band, this command). Every run is labelled
+plan options, profile, each prediction's evidence (a held-out band or none), this command). Every run is labelled
 "(simulated)" and has ``meta["simulated"]`` True; none is ever a measurement.
 
 ``--check`` regenerates every case in a temporary folder and exits 1 when a step time differs
@@ -134,6 +134,8 @@ def generate(out: Path, log=print) -> dict[str, Any]:
             "steps": STEPS, "warmup": WARMUP, "issue": run.meta.get("issue"),
             "tiers": {str(k): int(v) for k, v in tiers.items()},
             "step_s": [float(x) for x in run.steps["wall_s"]], "median_step_s": float(run.step_time),
+            # what the prediction rests on (offload_lab.simulation.evidence): a held-out band, or none
+            "evidence": {k: run.meta["evidence"][k] for k in ("status", "band", "basis")},
             "note": case.note,
         })
         log(f"  {case.stage:8s} {run.label:<48s} {run.step_time:8.4f} s/step")
@@ -149,13 +151,16 @@ def generate(out: Path, log=print) -> dict[str, Any]:
 
 def table(manifest: dict[str, Any]) -> str:
     """The predicted step times as a markdown table (what docs/simulator.md shows)."""
-    e = manifest["step_error"]
-    lines = [f"| stage | case (simulated) | layers | predicted s/step (± {e:.1%}) |", "| --- | --- | --- | ---: |"]
+    lines = ["| stage | case (simulated) | layers | predicted s/step | evidence |", "| --- | --- | --- | ---: | --- |"]
     order = ("resident", "pinned", "staged", "pageable", "mapped")
     for r in manifest["runs"]:
         tiers = ", ".join(f"{r['tiers'][t]} {t}" for t in order if t in r["tiers"])
+        ev = r.get("evidence") or {}
+        band = ev.get("band")
+        said = f"held-out ± {band:.1%}" if ev.get("status") == "held-out" and band is not None else \
+            str(ev.get("status", "–"))
         lines.append(f"| `{r['stage']}` | {r['label'].removesuffix(' (simulated)')} | {tiers} | "
-                     f"{r['median_step_s']:.4f} |")
+                     f"{r['median_step_s']:.4f} | {said} |")
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 A ratio of step times says something only when the runs did the same work the same way: the
 same model (name and, where known, size — a scaled-down CPU model is another model), the same
-token count and the same backend (a simulation is not a measurement). Each run's ratio is to
+token count and the same backend on the same device (a simulation is not a measurement, and a
+prediction on one device profile is not divided by one on another). Each run's ratio is to
 the first earlier run it is comparable with; a run with no comparable partner gets no ratio
 and a note saying why.
 
@@ -33,13 +34,41 @@ _DTYPES = {"label": "string", "backend": "string", "simulated": "bool", "tiers":
            "overlap": "float64", "bound_s": "float64", "vs_bound": "float64", "ratio_to": "string",
            "ratio_note": "string", "spread": "float64", "noisy": "bool"}
 
-__all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable"]
+__all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable", "why_not_paired", "device_of"]
 
 
 def _tokens(meta: dict[str, Any]) -> Any:
-    # simulations record tokens at the top of meta; GPU check runs under their own settings
+    # simulations record tokens at the top of meta (and the count a default resolved to);
+    # GPU check runs under their own settings
+    sim = bool(meta.get("simulated"))
+    if meta.get("tokens") is not None:
+        t = meta["tokens"]
+        # a resolution name ("480p") reads as the count it resolved to
+        return meta.get("tokens_used") or t if sim and isinstance(t, str) else t
+    if sim and meta.get("tokens_used") is not None:
+        return meta["tokens_used"]
     gc = meta.get("gpu_check")
-    return meta.get("tokens") if meta.get("tokens") is not None or not isinstance(gc, dict) else gc.get("tokens")
+    return gc.get("tokens") if isinstance(gc, dict) else None
+
+
+def device_of(run: Run) -> str:
+    """The device a run's step time belongs to: the one it was measured on, or for a simulated
+    run the device of the measured runs behind its profile (``"<profile> (no measured run)"``
+    for a profile without any).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> device_of(offload_lab.simulate(p, "h200", steps=1)), device_of(offload_lab.simulate(p, "rtx4090-pcie4", steps=1))
+    ('NVIDIA H200', 'rtx4090-pcie4 (no measured run)')
+    """
+    if not run.simulated:
+        return str(run.meta.get("device_name") or run.backend)
+    prof = run.meta.get("profile") if isinstance(run.meta.get("profile"), dict) else {}
+    reg = prof.get("regimes") if isinstance(prof.get("regimes"), dict) else {}
+    if reg.get("device_name"):
+        return str(reg["device_name"])
+    return f"{prof.get('name') or run.meta.get('device_name') or 'simulated'} (no measured run)"
 
 
 def _backend(run: Run) -> str:
@@ -54,7 +83,7 @@ def why_not_comparable(a: Run, b: Run) -> str | None:
     """Why the step times of ``a`` and ``b`` must not be divided (None when they may be).
 
     Comparable runs share the model (name, and size where both know it), the token count, and
-    the backend: both simulated, or both measured on the same device.
+    the backend: both simulated on the same device profile, or both measured on the same device.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
@@ -65,13 +94,54 @@ def why_not_comparable(a: Run, b: Run) -> str | None:
     """
     pairs = (("model", a.meta.get("model"), b.meta.get("model")),
              ("tokens", _tokens(a.meta), _tokens(b.meta)),
-             ("backend", _backend(a), _backend(b)))
+             ("backend", _backend(a), _backend(b)),
+             # two predictions are of one device only when their profiles are the same one
+             ("device", _sim_device(a), _sim_device(b)))
     for what, x, y in pairs:
         if x != y:
             return f"{what} {'unknown' if x is None else x} vs {'unknown' if y is None else y}"
     x, y = a.meta.get("model_bytes"), b.meta.get("model_bytes")
     if x is not None and y is not None and x != y:
         return f"model size {x} B vs {y} B (a scaled model)"
+    return None
+
+
+def _sim_device(run: Run) -> str | None:
+    prof = run.meta.get("profile")
+    return (str(prof.get("name")) if isinstance(prof, dict) and prof.get("name") else str(run.meta.get("device_name"))) \
+        if run.simulated else None
+
+
+def why_not_paired(sim: Run, measured: Run) -> str | None:
+    """Why a prediction must not be set against a measurement as "predicted vs measured" (None
+    when it may): they need the same device (the profile's measured device), model, token count,
+    issue order and plan (each layer's tier, prefetch).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> p = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
+    >>> meas = offload_lab.shipped_runs("wan2.1-t2v-14b")[0]
+    >>> why_not_paired(offload_lab.simulate(p, "h200", steps=2), meas) is None
+    True
+    >>> why_not_paired(offload_lab.simulate(p, "rtx4090-pcie4", steps=2), meas)
+    'device rtx4090-pcie4 (no measured run) vs NVIDIA H200'
+    """
+    from offload_lab.simulation.evidence import issue_of, run_regime
+
+    checks = (("device", device_of(sim), device_of(measured)),
+              ("model", sim.meta.get("model"), measured.meta.get("model")),
+              ("tokens", _tokens(sim.meta), _tokens(measured.meta)))
+    for what, x, y in checks:
+        if x != y:
+            return f"{what} {'unknown' if x is None else x} vs {'unknown' if y is None else y}"
+    # the order matters only where a copy blocks the host or is staged (a pinned plan runs alike)
+    if run_regime(sim)["issue"] != "any" and issue_of(sim) != issue_of(measured):
+        return f"issue order {issue_of(sim)} vs {issue_of(measured)}"
+    la, lb = sim.layers, measured.layers
+    if len(la) != len(lb) or list(la["tier"].astype(str)) != list(lb["tier"].astype(str)):
+        return "another plan (the layers' tiers differ)"
+    if sim.meta.get("prefetch") != measured.meta.get("prefetch"):
+        return f"prefetch {sim.meta.get('prefetch')} vs {measured.meta.get('prefetch')}"
     return None
 
 
@@ -90,7 +160,7 @@ def _ratios(runs: list[Run], step_s: list[float]) -> tuple[list[float], list[str
             ratio.append(float("nan"))
             ref.append(None)
             why = why_not_comparable(runs[0], r) if i else why_not_comparable(r, runs[1])
-            note.append("no ratio: no other run of the same model, tokens and backend"
+            note.append("no ratio: no other run of the same model, tokens and backend on the same device"
                         + (f" ({why})" if why else ""))
     return ratio, ref, note
 

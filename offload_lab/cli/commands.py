@@ -359,11 +359,52 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _say(f"  stall {fmt_seconds(m['stall_s'])}, exposed copy {fmt_seconds(m['exposed_copy_s'])}, overlap "
          f"{fmt_percent(m['overlap'])}, {fmt_ratio(m['vs_bound'])} its {m['bound']['limit']}-bound of "
          f"{fmt_seconds(m['bound_s'])}")
+    _say_orders(run, p, profile, args, k)
     if out is not None:
         with cleaned_up(out):
             path = run.save(out)
         _say(f"saved {path.resolve()}")
     return 0
+
+
+def _say_orders(run: Run, p: Plan, profile: Any, args: argparse.Namespace, k: int) -> None:
+    """The prediction under both issue orders, each with what it rests on, when the plan streams
+    pageable, mapped or staged layers (the order does not change an all-pinned plan)."""
+    from offload_lab.simulation import simulate
+    from offload_lab.simulation.evidence import streams_host_blocking
+    from offload_lab.views.text import fmt_seconds
+
+    if k > 1 or not streams_host_blocking(run):
+        ev = run.meta.get("evidence") or {}
+        _say(f"  evidence: {_evidence_head(ev)} — {ev.get('basis', 'none recorded')}")
+        return
+    other = "before-compute" if run.meta["issue"] == "after-compute" else "after-compute"
+    twin = simulate(p, profile, steps=args.steps or 3, tokens=args.tokens, warmup=args.warmup,
+                    passes=args.passes, issue=other)
+    by_order = {r.meta["issue"]: r for r in (run, twin)}
+    _say("  both issue orders (the plan streams copies that block the host or are staged):")
+    rows = [[o + (" (this run)" if o == run.meta["issue"] else ""), fmt_seconds(by_order[o].step_time),
+             _evidence_head(by_order[o].meta.get("evidence") or {})] for o in ("after-compute", "before-compute")]
+    import pandas as pd
+
+    table = text_table(pd.DataFrame(rows, columns=["issue order", "step", "evidence"]), right=("step",))
+    for line in table.splitlines():
+        _say(f"    {line}")
+    for o in ("after-compute", "before-compute"):
+        _say(f"    {o}: {(by_order[o].meta.get('evidence') or {}).get('basis', 'no evidence recorded')}")
+
+
+def _evidence_head(ev: dict[str, Any]) -> str:
+    from offload_lab.simulation.evidence import UNCONFIRMED_TEXT
+
+    status, band = ev.get("status"), ev.get("band")
+    if status == "held-out" and isinstance(band, (int, float)):
+        return f"held-out ± {band * 100:.1f} %"
+    if status == "unconfirmed":
+        return UNCONFIRMED_TEXT
+    if status == "derived":
+        return "derived — no measured run of this device"
+    return "no evidence recorded"
 
 
 def _device_profile(text: str) -> Any:

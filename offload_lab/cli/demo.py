@@ -153,9 +153,10 @@ def _measure(args: argparse.Namespace, s: _Setup, bar: Progress) -> tuple[list[R
 
 
 def _simulate(s: _Setup, bar: Progress) -> list[Run]:
-    """All-pinned and all-pageable runs of the full-size model on each demo device profile."""
+    """All-pinned and all-pageable runs of the full-size model on each demo device profile; the
+    all-pageable plan under both issue orders (they differ for it; an all-pinned plan runs alike)."""
     from offload_lab.planning.hostmem import HostMemory
-    from offload_lab.simulation import simulate
+    from offload_lab.simulation.evidence import both_orders
 
     bar.stage(f"simulating the full-size {s.name}")
     host = HostMemory(available=SIM_HOST)
@@ -163,9 +164,9 @@ def _simulate(s: _Setup, bar: Progress) -> list[Run]:
     for prof in s.profiles:
         for tier in ("pinned", "pageable"):
             p = _quiet_plan(s.spec, tier=tier, host=host)
-            out.append(simulate(s.spec, p, prof, steps=s.sim_steps,
-                                label=f"{prof.name}: all {tier}, full-size {s.spec.name}"))
-            bar.advance(1)
+            runs = both_orders(p, prof, steps=s.sim_steps, label=f"{prof.name}: all {tier}, full-size {s.spec.name}")
+            out += runs
+            bar.advance(len(runs))
     return out
 
 
@@ -176,8 +177,11 @@ def _print_results(s: _Setup, measured: list[Run], gpu_runs: list[Run], sim_runs
     _say(_comparison_text(measured))
     if gpu_runs:
         _say()
+        from offload_lab.simulation.evidence import issue_of
+
+        orders = ", ".join(sorted({issue_of(r) for r in gpu_runs}))
         _say(f"MEASURED on {gpu_runs[0].meta.get('device_name', 'a GPU')} (shipped runs under "
-             f"data/runs, scripts/gpu_check.py) — full-width synthetic {s.name}:")
+             f"data/runs, scripts/gpu_check.py) — full-width synthetic {s.name}, issue order {orders}:")
         _say(_comparison_text(gpu_runs))
     for prof in s.profiles:
         group = [r for r in sim_runs if r.meta.get("profile", {}).get("name") == prof.name]
@@ -186,11 +190,21 @@ def _print_results(s: _Setup, measured: list[Run], gpu_runs: list[Run], sim_runs
              f"full-size {s.name}, {format_bytes(s.spec.layer_bytes)} of layer weights, one forward "
              f"per step:")
         _say(_comparison_text(group))
+        for r in group:
+            _say(f"  {r.label}: {_evidence_line(r)}")
     _say()
     if s.backend == "cpu":
         gap = measured[1].step_time / measured[0].step_time  # all pageable / all pinned
         here = f" (here all pageable took {gap:.2f}× the all-pinned step)" if math.isfinite(gap) else ""
         _say(_CPU_NOTE.format(here=here, where="'s runs above"))
+
+
+def _evidence_line(r: Run) -> str:
+    """What a simulated step rests on: a ± band with the runs behind it, or why there is none."""
+    from offload_lab.cli.commands import _evidence_head
+
+    ev = r.meta.get("evidence") or {}
+    return f"{_evidence_head(ev)} — {ev.get('basis', 'no evidence recorded')}"
 
 
 def _save_runs(runs: list[Run], directory: Path) -> None:
@@ -219,7 +233,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = check_output(args.out, args.force)
     save_dir = check_output_dir(args.save_runs, args.force) if args.save_runs is not None else None
     _say(f"offload-lab demo: {s.name} ({s.spec.name}) on the {s.backend} backend ({s.why})")
-    bar = Progress(1 + _N_JOBS * (s.steps + s.warmup) + 2 + 1 + 2 * len(s.profiles) + 2)
+    # simulations: all pinned once, all pageable under both issue orders, per profile
+    bar = Progress(1 + _N_JOBS * (s.steps + s.warmup) + 2 + 1 + 3 * len(s.profiles) + 2)
     measured, partial = _measure(args, s, bar)
     sim_runs = _simulate(s, bar)
     gpu_runs = _shipped_gpu_runs(s.spec.name)

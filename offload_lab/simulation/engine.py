@@ -41,7 +41,9 @@ that overlaps shares the processor by the profile's ``contention`` (1.0: one pro
 overlap saves nothing) and ``copy_priority`` (who gets it).
 
 A simulated :class:`~offload_lab.record.run.Run` has the same frames as a measured one,
-``backend == "sim"``, ``meta["simulated"] is True`` and a label ending in ``(simulated)``.
+``backend == "sim"``, ``meta["simulated"] is True`` and a label ending in ``(simulated)``;
+``meta["evidence"]`` says what the prediction rests on (:mod:`offload_lab.simulation.evidence`:
+``status`` held-out / unconfirmed / derived, ``band``, ``basis``).
 
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -64,6 +66,7 @@ import pandas as pd
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
 from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, _Events
+from offload_lab.simulation.evidence import copy_class, evidence_of
 from offload_lab.simulation.layers import _Layer, _prepare
 from offload_lab.simulation.profile import DeviceProfile, names
 
@@ -161,15 +164,32 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
         "prefetch": prefetch[spec.groups[0].name] if len(pf) == 1 else prefetch,
         "passes": passes,
         "tokens": tokens,
+        # the token count the compute model used (``tokens`` resolved; None: not known), so
+        # comparisons pair a default-token prediction with a measured run at that count
+        "tokens_used": _tokens_used(spec, profile, tokens),
         "steps": steps,
         "init_strategy": "grouped",
         "init": {"resident_layers": len(resident), "resident_bytes": sum(resident)},
         "profile": profile.to_dict(),
         "issue": issue,
         "stage_threads": stage_threads,
+        # what the prediction rests on: the measured runs of its regime, or none
+        "evidence": evidence_of(profile, issue, copy_class(info[(g, i)].tier for g in streamed for i in streamed[g])),
     }
     return Run.build(events, bounds, layers, memory=mem, meta=meta, warmup=warmup)
 
+
+
+def _tokens_used(spec: Any, profile: DeviceProfile, tokens: int | str | None) -> int | None:
+    from offload_lab.model import flops
+    from offload_lab.simulation.profile import _default_tokens
+
+    try:
+        if tokens is None:
+            tokens = profile.tokens if profile.tokens is not None else _default_tokens(spec)
+        return int(flops.resolve_tokens(spec, tokens))
+    except (SimError, flops.FlopsError):
+        return None  # a spec that names no token count, with per-layer compute seconds
 
 
 def _resolve_call(plan: Any, device: Any, legacy: tuple) -> tuple[Any, Any, DeviceProfile]:

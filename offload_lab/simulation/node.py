@@ -163,7 +163,12 @@ def simulate_node(plan: Any, device: DeviceProfile | str, ranks_per_node: int, n
     out = merge_ranks(runs, label=label or auto)
     if "simulated" not in out.label.lower():
         out.meta["label"] = out.label + " (simulated)"
+    single = dict(one.meta.get("evidence") or {})
     out.meta.update(
+        # no node of several ranks has been measured: the node model is an estimate on top
+        evidence={**single, "status": "derived", "band": None,
+                  "basis": f"{ranks} ranks on one node are an estimate on top of the profile "
+                           f"(one rank: {single.get('basis', 'no evidence')})"},
         ranks_per_node=ranks, node_profile=node.to_dict(), simulated=True,
         rank_bandwidths=node_bandwidths(device, node, ranks),
         estimates=["ranks copy at the same time (complete overlap)", "the staging memcpy bandwidth splits "

@@ -52,7 +52,8 @@ class DeviceProfile:
     counts, or from a short run of a truncated model), else FLOPs over ``tflops`` alone.
     Per-layer seconds measured at ``tokens`` are scaled to other tokens by the curve's ratio
     when the layer's kind has one, else by the FLOPs ratio. ``step_error`` is the profile's
-    held-out relative error of a median step (e.g. 0.05): simulated runs carry it as a ± band.
+    held-out relative error of a median step over all its measured runs (e.g. 0.05); a simulated
+    run's ± band is the held-out error of its own regime (``regimes``), not this.
     ``compute_mode`` is ``"async"`` (a GPU: the host launches and runs ahead; steps begin and end
     with a device synchronise, as the cuda backend does) or ``"sync"`` (the cpu backend: the host
     thread runs each block itself). In sync mode, while a copy-engine copy overlaps the host's
@@ -75,7 +76,9 @@ class DeviceProfile:
     its power limit: 0.09 = 9 % faster after an idle gap much longer than ``idle_tau_s``).
     :func:`calibrate` fits them from runs that show the same layer with and without them.
     ``memory_bytes`` is the device's memory size (what :func:`offload_lab.recommend` plans
-    against when no ``device_memory`` is given; ``None`` when unknown).
+    against when no ``device_memory`` is given; ``None`` when unknown). ``regimes`` is the
+    per-regime held-out table of the measured runs of this device (``{}``: none), from which
+    every simulated run's ``meta["evidence"]`` is looked up (:mod:`offload_lab.simulation.evidence`).
 
     >>> p = DeviceProfile("toy", {"pinned": 25.0}, compute_s={"blocks": 0.01})
     >>> DeviceProfile.from_dict(p.to_dict()) == p
@@ -112,6 +115,7 @@ class DeviceProfile:
     copy_slowdown: float = 0.0
     idle_speedup: float = 0.0
     idle_tau_s: float = 0.0063
+    regimes: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -191,6 +195,9 @@ class DeviceProfile:
                                   or not math.isfinite(v) or v <= 0):
                 raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: GB/s > 0 or None")
             setattr(self, attr, None if v is None else float(v))
+        from offload_lab.simulation.evidence import check_regimes
+
+        self.regimes = check_regimes(self.name, self.regimes)
         self.pageable_blocks_host = bool(self.pageable_blocks_host)
         self.mapped_blocks_host = bool(self.mapped_blocks_host)
         if not isinstance(self.provenance, dict) or self.provenance.get("kind") not in ("measured", "estimated"):

@@ -106,6 +106,9 @@ class Report:
         self.comparison = compare(runs, ranks="max") if runs else None
         # a multi-rank run reads as its node: each step as long as its slowest rank's
         self.metrics = [summary.metrics(slowest_rank_run(r) if is_multi_rank(r) else r) for r in runs]
+        # a prediction of a plan whose copies block the host (or are staged) depends on the issue
+        # order, so the report shows it under the other order too, unless that run is here already
+        self.other_orders = _other_orders(runs)
         self.figures: dict[str, go.Figure] = {}
         if runs:
             self.figures["step-times"] = viz.step_times(runs)
@@ -200,7 +203,7 @@ class Report:
         import plotly
         from plotly.offline import get_plotlyjs
 
-        runs = rd.run_rows(self.runs, self.comparison, self.metrics) if self.runs else []
+        runs = rd.run_rows(self.runs, self.comparison, self.metrics, self.other_orders) if self.runs else []
         for row, r in zip(runs, self.runs):
             row["ranks"] = _rank_rows(r) if is_multi_rank(r) else []
         written = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -265,6 +268,19 @@ class Report:
     def __repr__(self) -> str:
         return (f"<Report {self.title!r}: {len(self.runs)} run(s), {len(self.figures)} figures, "
                 f"{len(self.warnings)} warning(s)>")
+
+
+def _other_orders(runs: list[Run]) -> list[Run | None]:
+    """Per run, its plan predicted in the other issue order, unless no such prediction is needed
+    (a measured run, pinned copies only) or the report holds it already."""
+    from offload_lab.analysis.comparison import _sim_device, _tokens
+    from offload_lab.simulation.evidence import issue_of, other_order
+
+    def twin(r: Run, x: Run) -> bool:  # the same prediction in the other order
+        return (x is not r and x.simulated and issue_of(x) != issue_of(r) and _sim_device(x) == _sim_device(r)
+                and _tokens(x.meta) == _tokens(r.meta) and rd.same_plan(x, r))
+
+    return [None if not r.simulated or any(twin(r, x) for x in runs) else other_order(r) for r in runs]
 
 
 def _rec_data(rec: Any, confirmation: Any) -> dict[str, Any]:

@@ -139,8 +139,13 @@ def _bound_text(m: dict[str, Any]) -> str:
             f"(link {fmt_number(b['bandwidth_gbps'])} GB/s, {b['bandwidth_source']})")
 
 
-def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, Any]],
+             others: list[Run | None] | None = None) -> list[dict[str, Any]]:
     """Per run, everything the summary, the comparison table and the run's section say.
+
+    ``others`` holds, per run, its plan predicted in the other issue order
+    (:func:`offload_lab.simulation.evidence.other_order`, None where there is none): a prediction
+    of a plan with pageable, mapped or staged copies is shown under both orders.
 
     >>> import offload_lab
     >>> from offload_lab.analysis.comparison import compare
@@ -152,14 +157,22 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
     >>> row["label"], row["reference"], row["noise"]
     ('a (simulated)', True, '')
     """
+    from offload_lab.views.tables import order_labels
+
+    shown = order_labels(runs)
     out = []
     for i, (r, (_, c), m) in enumerate(zip(runs, comparison.iterrows(), metrics)):
         ratio_ok = bool(not c["ratio_note"] and math.isfinite(c["ratio"]))
         plan_meta = r.meta.get("plan") if isinstance(r.meta.get("plan"), dict) else {}
         led = plan_meta.get("ledger") if isinstance(plan_meta.get("ledger"), dict) else None
         noise = noise_note(r)
+        other = others[i] if others is not None and i < len(others) else None
+        other_text = "" if other is None else \
+            f"{other.meta.get('issue')} order: {fmt_step(other.step_time, other.meta)}"
         out.append({
-            "label": r.label, "simulated": r.simulated, "backend": str(c["backend"]), "tiers": str(c["tiers"]),
+            "other_order": other_text,
+            "label": shown[i], "simulated": r.simulated,
+            "evidence": _evidence_row(r), "backend": str(c["backend"]), "tiers": str(c["tiers"]),
             "step": fmt_seconds(c["step_s"]), "stall": fmt_seconds(c["stall_s"]),
             "exposed": fmt_seconds(c["exposed_copy_s"]), "overlap": fmt_percent(c["overlap"]),
             "bound": fmt_seconds(c["bound_s"]), "vs_bound": fmt_number(c["vs_bound"], ".2f"),
@@ -169,12 +182,36 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
             "ratio_note": str(c["ratio_note"] or ""),
             "note": "; ".join(x for x in (str(c["ratio_note"] or ""), noise and "noisy") if x),
             "noise": noise or "", "bound_text": _bound_text(m), "profile": _profile_name(r),
-            "facts": _facts(r, m) + _beside(r, runs),
+            "facts": _facts(r, m) + _evidence_facts(r)
+            + ([_row("other issue order", f"{other_text} (simulated; {_basis(other)})")] if other is not None else [])
+            + _beside(r, runs),
             "plan_params": param_items({k: v for k, v in plan_meta.items() if k not in ("ledger", "warnings")}),
             "plan_ledger": ledger_rows(led) if led else [],
             "env": env_row(r),
         })
     return out
+
+
+def _evidence_row(r: Run) -> dict[str, str] | None:
+    """What a simulated run rests on: its status, band and the sentence naming the runs."""
+    ev = r.meta.get("evidence") if r.simulated else None
+    if not isinstance(ev, dict):
+        return None
+    band = ev.get("band")
+    status = str(ev.get("status", "–"))
+    head = f"{status} ± {band * 100:.1f} %" if isinstance(band, (int, float)) and status == "held-out" else status
+    cls = "ok" if status == "held-out" else "bad"
+    return {"status": status, "head": head, "basis": str(ev.get("basis", "")), "cls": cls}
+
+
+def _basis(r: Run) -> str:
+    ev = r.meta.get("evidence")
+    return str(ev.get("basis", "")) if isinstance(ev, dict) else "no evidence recorded"
+
+
+def _evidence_facts(r: Run) -> list[dict[str, str]]:
+    e = _evidence_row(r)
+    return [] if e is None else [_row("evidence", f"{e['head']} — {e['basis']}", e["cls"])]
 
 
 def same_plan(a: Run, b: Run) -> bool:
@@ -193,16 +230,34 @@ def same_plan(a: Run, b: Run) -> bool:
 
 
 def _beside(r: Run, runs: list[Run]) -> list[dict[str, str]]:
-    """A simulated run's measured twin (same model and plan) in the report, or the reverse."""
-    twins = [x for x in runs if x.simulated != r.simulated and same_plan(x, r)]
-    if not twins:
+    """A simulated run's measured twin in the report, or the reverse: "predicted vs measured"
+    only between runs of the same device, model, token count, issue order and plan; a run of
+    the same plan that differs in one of those is named, with why no ratio is given."""
+    from offload_lab.analysis.comparison import why_not_paired
+
+    others = [x for x in runs if x.simulated != r.simulated]
+    if not others:
         return []
-    t = twins[0]
-    sim, meas = (r, t) if r.simulated else (t, r)
-    err = sim.step_time / meas.step_time - 1 if meas.step_time > 0 else math.nan
+
+    def why(x: Run) -> str | None:
+        return why_not_paired(r, x) if r.simulated else why_not_paired(x, r)
+
     what = "measured, same plan" if r.simulated else "predicted, same plan"
-    return [_row(what, f"{fmt_step(t.step_time, t.meta)} ({t.label}); predicted vs measured "
-                       f"{f'{err:+.1%}' if math.isfinite(err) else '–'}")]
+    twins = [x for x in others if why(x) is None]
+    if twins:
+        t = twins[0]
+        sim, meas = (r, t) if r.simulated else (t, r)
+        err = sim.step_time / meas.step_time - 1 if meas.step_time > 0 else math.nan
+        return [_row(what, f"{fmt_step(t.step_time, t.meta)} ({t.label}); predicted vs measured "
+                           f"{f'{err:+.1%}' if math.isfinite(err) else '–'}")]
+    # the same plan elsewhere (another device, tokens or issue order): say why it is not a pair
+    near = [(x, why(x)) for x in others if same_plan(x, r)]
+    if not near:
+        return []
+    x, reason = near[0]
+    return [_row(what.replace("same plan", "not comparable"),
+                 f"{x.label}: {reason} — no predicted-vs-measured ratio (only between runs of the same "
+                 f"device, model, token count and issue order)")]
 
 
 def env_row(r: Run) -> list[str]:

@@ -19,9 +19,29 @@ import pandas as pd
 from offload_lab.analysis.comparison import compare
 from offload_lab.analysis.summary import NOISY_SPREAD, is_noisy, step_spread
 from offload_lab.record.run import Run
-from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds
+from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds, with_part
 
-__all__ = ["comparison_frame", "noise_note"]
+__all__ = ["comparison_frame", "noise_note", "order_labels"]
+
+
+def order_labels(runs: Sequence[Run]) -> list[str]:
+    """The runs' labels, each naming its issue order where the runs differ by it.
+
+    >>> import offload_lab
+    >>> from offload_lab.simulation.evidence import both_orders
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> p = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="64GiB"))
+    >>> a = offload_lab.simulate(p, "h200", steps=1, label="a")
+    >>> b = offload_lab.simulate(p, "h200", steps=1, label="b", issue="before-compute")
+    >>> order_labels([a, b])
+    ['a · after-compute (simulated)', 'b · before-compute (simulated)']
+    """
+    from offload_lab.simulation.evidence import issue_of
+
+    orders = [issue_of(r) for r in runs]
+    if len(set(orders)) < 2:
+        return [r.label for r in runs]
+    return [r.label if o in r.label else with_part(r.label, o) for r, o in zip(runs, orders)]
 
 
 def noise_note(run: Run, limit: float = NOISY_SPREAD) -> str | None:
@@ -55,7 +75,8 @@ def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
     """:func:`~offload_lab.analysis.comparison.compare` as text: seconds, ratios, percentages.
 
     ``backend`` says ``(simulated)`` for simulated runs, so a prediction never reads as a
-    measurement even where its label does not say so. ``ratio`` is blank where runs cannot be
+    measurement even where its label does not say so; where the runs differ by issue order, each
+    ``run`` names its own (:func:`order_labels`). ``ratio`` is blank where runs cannot be
     compared, and ``note`` says why (and flags noisy runs).
 
     >>> import offload_lab
@@ -68,8 +89,12 @@ def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
     'sim (simulated)'
     """
     df = compare(runs, ranks="max")
+    from offload_lab.analysis.summary import as_runs
+
+    listed = as_runs(runs)
+    names = order_labels(listed) if len(listed) == len(df) else df["label"].astype(str).tolist()
     return pd.DataFrame({
-        "run": df["label"].astype(str),
+        "run": names,
         "backend": [f"{b} (simulated)" if s else str(b) for b, s in zip(df["backend"], df["simulated"])],
         "tiers": df["tiers"].astype(str),
         "step": [fmt_seconds(x) for x in df["step_s"]],

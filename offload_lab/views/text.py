@@ -19,8 +19,8 @@ from typing import Any
 
 from offload_lab.units import format_bytes
 
-__all__ = ["TextError", "fmt_step", "step_band", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
-           "split_labels", "strip_simulated", "text_table", "time_unit", "wrap"]
+__all__ = ["TextError", "fmt_step", "step_band", "evidence_text", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
+           "split_labels", "strip_simulated", "with_part", "text_table", "time_unit", "wrap"]
 
 
 class TextError(ValueError):
@@ -161,6 +161,17 @@ def strip_simulated(label: Any) -> str:
     return " ".join(_SIM.sub(" ", str(label)).split()) or str(label)
 
 
+def with_part(label: Any, part: str) -> str:
+    """``label`` with `` · part`` added, before its ``(simulated)`` mark when it has one.
+
+    >>> with_part("h200 · 40 pageable (simulated)", "before-compute"), with_part("14B pageable p1", "before-compute")
+    ('h200 · 40 pageable · before-compute (simulated)', '14B pageable p1 · before-compute')
+    """
+    bare = strip_simulated(label)
+    mark = " (simulated)" if bare != str(label) else ""
+    return f"{bare} · {part}{mark}"
+
+
 def split_labels(labels: Sequence[Any]) -> tuple[str, list[str]]:
     """What a set of labels shares, and what tells each apart (in the label's own order).
 
@@ -208,29 +219,62 @@ def wrap(text: Any, width: int = 28, sep: str = "<br>") -> str:
 
 
 def step_band(meta: Any) -> float | None:
-    """The ± relative band of a simulated run's step time: its profile's held-out ``step_error``.
+    """The ± relative band of a simulated run's step time: the held-out error of its regime.
 
-    >>> step_band({"simulated": True, "profile": {"step_error": 0.047}})
-    0.047
+    ``meta["evidence"]["band"]`` (:mod:`offload_lab.simulation.evidence`); a run saved before
+    predictions carried evidence falls back to its profile's ``step_error``. None for a measured
+    run and for a prediction no measured run backs (unconfirmed, derived).
+
+    >>> step_band({"simulated": True, "evidence": {"status": "held-out", "band": 0.039}})
+    0.039
+    >>> step_band({"simulated": True, "evidence": {"status": "unconfirmed", "band": None}}) is None
+    True
     >>> step_band({"simulated": False}) is None
     True
     """
     if not isinstance(meta, dict) or not meta.get("simulated"):
         return None
-    prof = meta.get("profile")
-    e = prof.get("step_error") if isinstance(prof, dict) else None
+    ev = meta.get("evidence")
+    if isinstance(ev, dict):
+        e = ev.get("band") if ev.get("status") == "held-out" else None
+    else:
+        prof = meta.get("profile")
+        e = prof.get("step_error") if isinstance(prof, dict) else None
     return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 else None
 
 
-def fmt_step(seconds: Any, meta: Any = None) -> str:
-    """A step time, with its ± band when it is simulated on a profile that knows its held-out error.
+def evidence_text(meta: Any) -> str:
+    """What a simulated run's step time rests on, in a few words ('' for a measured run).
 
-    >>> fmt_step(0.6215, {"simulated": True, "profile": {"step_error": 0.047}})
-    '622 ms ± 4.7 % (simulated; held-out error of the profile)'
+    >>> evidence_text({"simulated": True, "evidence": {"status": "held-out", "band": 0.039}})
+    '± 3.9 % (simulated; held-out error of its regime)'
+    >>> evidence_text({"simulated": True, "evidence": {"status": "unconfirmed", "band": None}})
+    '(simulated; unconfirmed — no GPU run of this issue order yet)'
+    """
+    if not isinstance(meta, dict) or not meta.get("simulated"):
+        return ""
+    band = step_band(meta)
+    ev = meta.get("evidence")
+    status = ev.get("status") if isinstance(ev, dict) else None
+    if band is not None:
+        return f"± {band * 100:.1f} % (simulated; held-out error of {'its regime' if status else 'the profile'})"
+    if status == "unconfirmed":
+        return "(simulated; unconfirmed — no GPU run of this issue order yet)"
+    if status == "derived":
+        return "(simulated; derived — no measured run of this device)"
+    return "(simulated)"
+
+
+def fmt_step(seconds: Any, meta: Any = None) -> str:
+    """A step time, with what it rests on when it is simulated: a ± band where measured runs of
+    its regime back it, else the word that says none does.
+
+    >>> fmt_step(0.6215, {"simulated": True, "evidence": {"status": "held-out", "band": 0.047}})
+    '622 ms ± 4.7 % (simulated; held-out error of its regime)'
+    >>> fmt_step(0.6074, {"simulated": True, "evidence": {"status": "unconfirmed", "band": None}})
+    '607 ms (simulated; unconfirmed — no GPU run of this issue order yet)'
     >>> fmt_step(0.6215, {"simulated": False})
     '622 ms'
     """
-    band = step_band(meta)
-    if band is None:
-        return fmt_seconds(seconds)
-    return f"{fmt_seconds(seconds)} ± {band * 100:.1f} % (simulated; held-out error of the profile)"
+    note = evidence_text(meta)
+    return f"{fmt_seconds(seconds)} {note}" if note else fmt_seconds(seconds)
