@@ -34,19 +34,27 @@ from offload_lab.record.schema import (
     TIERS,
     RunFormatError,
     check_meta,
+    check_numbers,
     check_values,
     conform,
 )
 
 __all__ = ["Run", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
-           "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "summarize_steps", "summarize_layers",
-           "empty_events"]
+           "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "MAX_FRAME_ROWS", "MAX_FRAME_BYTES",
+           "summarize_steps", "summarize_layers", "empty_events"]
 
 FORMAT = "offload-lab/run"
 FORMAT_VERSION = 1
 FRAMES = ("events", "layers", "steps", "memory")
 #: the largest member a saved run may hold, uncompressed; bigger ones are refused unread
 MAX_MEMBER_BYTES = 128 << 20
+#: the most rows a saved frame may decode to (a 14B run holds ~10^4-10^5 events): read from the
+#: parquet footer before any column is decoded, since a constant column run-length encodes
+#: 3×10^8 rows in a few MB
+MAX_FRAME_ROWS = 20_000_000
+#: the most a saved frame may decode to: parquet's own uncompressed size, and rows × columns ×
+#: 8 bytes (what the frame takes in memory), whichever is larger
+MAX_FRAME_BYTES = 2 << 30
 
 
 def empty_events() -> pd.DataFrame:
@@ -239,6 +247,8 @@ class Run:
         self.layers = conform("layers", layers, LAYER_DTYPES)
         self.steps = conform("steps", steps, STEP_DTYPES)
         self.memory = conform("memory", memory, MEMORY_DTYPES)
+        for name in FRAMES:
+            check_numbers(name, getattr(self, name))
         self.meta = check_meta(meta)
         self.meta.setdefault("simulated", self.meta.get("backend") == "sim")
 
@@ -377,14 +387,25 @@ class Run:
         """Read a run written by :meth:`save` (``path`` with or without its ``.zip``).
 
         Anything that is not such a run raises :class:`RunFormatError` naming the file and what
-        is wrong with it; members over :data:`MAX_MEMBER_BYTES` are refused without being read.
+        is wrong with it: a path that is no regular file (a FIFO, a device, a directory) or is
+        over 2 GiB, members over :data:`MAX_MEMBER_BYTES`, frames whose parquet footer says
+        they decode past :data:`MAX_FRAME_ROWS` rows or :data:`MAX_FRAME_BYTES` (all refused
+        without being read), and frames whose values break the contract (see
+        :func:`~offload_lab.record.schema.check_numbers`).
         """
+        from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
+
         path = Path(path)
         if not path.exists() and _zip_path(path).is_file():
             path = _zip_path(path)
         where = str(path)
         try:
-            with zipfile.ZipFile(path) as z:
+            fh = open_binary(path, "saved run", MAX_RUN_FILE_BYTES,
+                             accepted=f"a run .zip written by Run.save, of at most {MAX_RUN_FILE_BYTES >> 30} GiB")
+        except InputFileError as e:
+            raise RunFormatError(str(e)) from None
+        try:
+            with fh, zipfile.ZipFile(fh) as z:
                 missing = sorted({"meta.json", *(f"{n}.parquet" for n in FRAMES)} - set(z.namelist()))
                 if missing:
                     raise RunFormatError(f"{where!r} is not an offload-lab run: missing {missing}")
@@ -453,10 +474,33 @@ def _read_head(z: zipfile.ZipFile, where: str) -> dict:
     return head
 
 
+def _check_decoded_size(raw: bytes, name: str, where: str) -> None:
+    """Refuse a parquet member whose footer says it decodes past :data:`MAX_FRAME_ROWS` rows or
+    :data:`MAX_FRAME_BYTES`, before a single column is decoded."""
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(io.BytesIO(raw)).metadata
+    groups = [md.row_group(i) for i in range(md.num_row_groups)]
+    rows = max(md.num_rows, sum(g.num_rows for g in groups))
+    stored = sum(g.total_byte_size for g in groups)
+    in_memory = rows * max(md.num_columns, 1) * 8
+    member = f"{where!r}: member {name}.parquet"
+    if rows > MAX_FRAME_ROWS:
+        raise RunFormatError(f"{member} holds {rows:,} rows; a saved frame may hold at most "
+                             f"{MAX_FRAME_ROWS:,} (refused before decoding)")
+    if max(stored, in_memory) > MAX_FRAME_BYTES:
+        raise RunFormatError(f"{member} decodes to {max(stored, in_memory):,} bytes ({rows:,} rows × "
+                             f"{md.num_columns} columns); a saved frame may decode to at most "
+                             f"{MAX_FRAME_BYTES:,} bytes ({MAX_FRAME_BYTES >> 30} GiB)")
+
+
 def _read_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
     raw = _member(z, f"{name}.parquet", where)
     try:
+        _check_decoded_size(raw, name, where)
         return pd.read_parquet(io.BytesIO(raw), engine="pyarrow")
+    except RunFormatError:
+        raise
     except Exception as e:  # pyarrow raises many types (ArrowInvalid, ArrowTypeError, OSError, ...)
         raise RunFormatError(f"{where!r}: {name}.parquet is not a readable parquet table "
                              f"({type(e).__name__}: {str(e)[:80]})") from None

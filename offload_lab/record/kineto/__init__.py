@@ -16,8 +16,8 @@ naming the problem and where (event index in ``traceEvents``, byte offset). Numb
 cannot be what they claim are counted in ``meta["skipped"]`` and their rows left out, never
 passed into the frames: NaN, infinite or absurd (past 10^17 µs) ``ts`` / ``dur``
 (``non_finite_or_absurd_times``), negative durations (``negative_dur``), memcpy ``bytes`` that
-are negative or past 2^50 (``memcpy_bytes_negative_or_absurd``), ``ProfilerStep#N`` past 2^53
-(``step_numbers_too_large``). A trace in which no layer, kernel or copy is found (a plain CPU
+are negative or past 2^50 (``memcpy_bytes_negative_or_absurd``), ``ProfilerStep#N`` past 10^9, the frames' bound
+(``step_numbers_too_large``; a layer label past it names no layer). A trace in which no layer, kernel or copy is found (a plain CPU
 profile of a model) raises :class:`TraceFormatError` saying what it holds and how to label
 layers.
 
@@ -186,8 +186,9 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
         path = Path(trace_or_profiler)
         if path.is_dir():
             return _import_dir(path, label, layer_pattern)
-        if not path.is_file():
-            raise FileNotFoundError(f"trace {str(path)!r} does not exist (or is not a file)")
+        if not path.exists():
+            raise FileNotFoundError(f"trace {str(path)!r} does not exist")
+        # anything but a regular file (a FIFO, a device) is refused by the reader, unopened
         return _import_file(path, label, layer_pattern)
     export = getattr(trace_or_profiler, "export_chrome_trace", None)
     if not callable(export):
