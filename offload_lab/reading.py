@@ -90,9 +90,8 @@ def _check_stat(st: os.stat_result, p: Path, what: str, cap_bytes: int | None, a
         raise InputFileError(f"{what} {str(p)!r} is {kind}, not a regular file; "
                              f"accepted: {_accepted(cap_bytes, accepted)}")
     if cap_bytes is not None and st.st_size > cap_bytes:
-        raise InputFileError(f"{what} {str(p)!r} is {describe_size(st.st_size)}, over the "
-                             f"{describe_size(cap_bytes)} cap for a {what}; accepted: "
-                             f"{_accepted(cap_bytes, accepted)}")
+        raise InputFileError(f"{what} {str(p)!r} is {describe_size(st.st_size)}, over the cap of "
+                             f"{describe_size(cap_bytes)}; accepted: {_accepted(cap_bytes, accepted)}")
 
 
 def check_input(path: str | os.PathLike, what: str, cap_bytes: int | None, accepted: str | None = None) -> Path:
@@ -149,8 +148,8 @@ def read_bytes(path: str | os.PathLike, what: str, cap_bytes: int, accepted: str
         except OSError as e:
             raise InputFileError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
     if len(data) > cap_bytes:
-        raise InputFileError(f"{what} {str(path)!r} holds more than {describe_size(cap_bytes)}, the cap "
-                             f"for a {what}; accepted: {_accepted(cap_bytes, accepted)}")
+        raise InputFileError(f"{what} {str(path)!r} holds more than {describe_size(cap_bytes)}, its cap; "
+                             f"accepted: {_accepted(cap_bytes, accepted)}")
     return data
 
 

@@ -57,9 +57,9 @@ def _load(root: Path, names: dict[str, Any]) -> Any:
     except ImportError:
         raise CliError("--pipeline needs diffusers, transformers and accelerate: "
                        "pip install 'offload-lab[diffusers]'") from None
-    import json
+    from offload_lab.reading import MAX_JSON_BYTES, read_json
 
-    info = json.loads((root / "model_index.json").read_text())
+    info = read_json(root / "model_index.json", "pipeline index", MAX_JSON_BYTES)
     # components the directory lists without weights are passed as None, as diffusers asks
     absent = {n: None for n, e in info.items() if not n.startswith("_") and isinstance(e, list)
               and (e[1] is None or not (root / n).is_dir())}
