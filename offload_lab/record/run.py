@@ -475,23 +475,55 @@ def _read_head(z: zipfile.ZipFile, where: str) -> dict:
 
 
 def _check_decoded_size(raw: bytes, name: str, where: str) -> None:
-    """Refuse a parquet member whose footer says it decodes past :data:`MAX_FRAME_ROWS` rows or
-    :data:`MAX_FRAME_BYTES`, before a single column is decoded."""
+    """Refuse a parquet member that decodes past :data:`MAX_FRAME_ROWS` rows or
+    :data:`MAX_FRAME_BYTES`, before its frame is decoded.
+
+    Run-length and dictionary encoding let a few MB hold 3×10^8 rows, or one long string
+    repeated a million times, so the compressed size says nothing: the footer's row count,
+    schema and sizes are checked first, then the text columns are read with their
+    dictionaries kept (small) one row group at a time, to add up what they would decode to.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    md = pq.ParquetFile(io.BytesIO(raw)).metadata
+    member = f"{where!r}: member {name}.parquet"
+    pf = pq.ParquetFile(io.BytesIO(raw))
+    md = pf.metadata
     groups = [md.row_group(i) for i in range(md.num_row_groups)]
     rows = max(md.num_rows, sum(g.num_rows for g in groups))
-    stored = sum(g.total_byte_size for g in groups)
-    in_memory = rows * max(md.num_columns, 1) * 8
-    member = f"{where!r}: member {name}.parquet"
     if rows > MAX_FRAME_ROWS:
         raise RunFormatError(f"{member} holds {rows:,} rows; a saved frame may hold at most "
                              f"{MAX_FRAME_ROWS:,} (refused before decoding)")
-    if max(stored, in_memory) > MAX_FRAME_BYTES:
-        raise RunFormatError(f"{member} decodes to {max(stored, in_memory):,} bytes ({rows:,} rows × "
-                             f"{md.num_columns} columns); a saved frame may decode to at most "
-                             f"{MAX_FRAME_BYTES:,} bytes ({MAX_FRAME_BYTES >> 30} GiB)")
+    schema = pf.schema_arrow
+    nested = [f.name for f in schema if pa.types.is_nested(f.type)]
+    if nested:  # a list column holds any number of values per row: the row count bounds nothing
+        raise RunFormatError(f"{member} has nested column(s) {nested[:5]}; a run frame holds flat columns "
+                             f"(numbers, booleans, text)")
+    values = max((g.column(j).num_values for g in groups for j in range(g.num_columns)), default=0)
+    stored = sum(g.total_byte_size for g in groups)
+    estimate = max(stored, rows * max(md.num_columns, 1) * 8, values * 8)
+    if estimate > MAX_FRAME_BYTES:
+        raise RunFormatError(f"{member} decodes to {estimate:,} bytes ({rows:,} rows × {md.num_columns} "
+                             f"columns); a saved frame may decode to at most {MAX_FRAME_BYTES:,} bytes "
+                             f"({MAX_FRAME_BYTES >> 30} GiB)")
+    text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    if not text:
+        return
+    pf = pq.ParquetFile(io.BytesIO(raw), read_dictionary=text)
+    total = rows * max(md.num_columns, 1) * 8
+    for i in range(md.num_row_groups):
+        for col in pf.read_row_group(i, columns=text).columns:
+            for chunk in col.chunks:
+                if pa.types.is_dictionary(chunk.type):
+                    lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
+                    total += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + chunk.nbytes
+                else:
+                    total += chunk.nbytes
+        if total > MAX_FRAME_BYTES:
+            raise RunFormatError(f"{member}: its text columns decode to more than {MAX_FRAME_BYTES:,} bytes "
+                                 f"({MAX_FRAME_BYTES >> 30} GiB), the most a saved frame may decode to")
 
 
 def _read_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
