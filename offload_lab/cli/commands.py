@@ -428,7 +428,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     plan = None
     if args.plan:
         from offload_lab.planning.planner import Plan, PlanError
-
         from offload_lab.reading import MAX_JSON_BYTES, read_text
 
         accepted = "accepted: the output of offload-lab plan MODEL --json"

@@ -93,7 +93,7 @@ VALUE_RULES: dict[str, tuple[tuple[str, str], ...]] = {
 _RULE_TEXT = {
     "time": "finite seconds ≥ 0", "duration": "finite seconds ≥ 0",
     "index": f"integers from 0 to {MAX_INDEX - 1}", "layer": f"integers from 0 to {MAX_INDEX - 1}, or {NO_LAYER} "
-    f"for rows outside every layer", "bytes": f"integers from 0 to 2**53 - 1",
+    f"for rows outside every layer", "bytes": "integers from 0 to 2**53 - 1",
     "wall": "finite seconds > 0", "share": "a share from 0 to 1, or NaN (no copies)",
     "rate": "finite GB/s ≥ 0, or NaN (never copied)", "rank_opt": f"<NA> or integers from 0 to {MAX_INDEX - 1}",
 }
@@ -182,6 +182,9 @@ def check_numbers(name: str, df: pd.DataFrame) -> None:
     ...
     offload_lab.record.schema.RunFormatError: steps column 'wall_s' holds nan (1 row(s), first at row 1); accepted: finite seconds > 0
     """
+    if name == "events" and len(df):
+        start, end, dur = (df[c].to_numpy(dtype="float64") for c in ("start_s", "end_s", "dur_s"))
+        _relation(end < start, "ends before it starts", start, end, dur)
     for col, rule in VALUE_RULES.get(name, ()):
         if col not in df.columns or not len(df):
             continue
@@ -193,14 +196,15 @@ def check_numbers(name: str, df: pd.DataFrame) -> None:
             raise RunFormatError(f"{name} column {col!r} holds {_show(s.iloc[first])} ({int(bad.sum())} row(s), "
                                  f"first at row {first}); accepted: {_RULE_TEXT[rule]}")
     if name == "events" and len(df):
-        start, end, dur = (df[c].to_numpy(dtype="float64") for c in ("start_s", "end_s", "dur_s"))
-        for bad, why in ((end < start, "ends before it starts"),
-                         (np.abs(dur - (end - start)) > _DUR_SLACK, "has a dur_s other than end_s - start_s")):
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise RunFormatError(f"events row {i} {why} (start_s {_show(start[i])}, end_s {_show(end[i])}, "
-                                     f"dur_s {_show(dur[i])}; {int(bad.sum())} row(s)); accepted: "
-                                     f"start_s ≤ end_s, dur_s = end_s - start_s")
+        _relation(np.abs(dur - (end - start)) > _DUR_SLACK, "has a dur_s other than end_s - start_s", start, end, dur)
+
+
+def _relation(bad: np.ndarray, why: str, start: np.ndarray, end: np.ndarray, dur: np.ndarray) -> None:
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RunFormatError(f"events row {i} {why} (start_s {_show(start[i])}, end_s {_show(end[i])}, "
+                             f"dur_s {_show(dur[i])}; {int(bad.sum())} row(s)); accepted: "
+                             f"start_s ≤ end_s, dur_s = end_s - start_s")
 
 
 def _show(x: Any) -> str:

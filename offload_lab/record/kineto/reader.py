@@ -12,7 +12,13 @@ from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
-from offload_lab.reading import MAX_TRACE_BYTES, InputFileError, MissingInputError, describe_size, open_binary
+from offload_lab.reading import (
+    MAX_TRACE_BYTES,
+    InputFileError,
+    MissingInputError,
+    describe_size,
+    open_binary,
+)
 
 _CHUNK = 1 << 20
 # A JSON error this close to the end of the buffer may just be an event cut by the chunk edge.
