@@ -507,8 +507,13 @@ def _check_decoded_size(raw: bytes, name: str, where: str) -> None:
         raise RunFormatError(f"{member} decodes to {estimate:,} bytes ({rows:,} rows × {md.num_columns} "
                              f"columns); a saved frame may decode to at most {MAX_FRAME_BYTES:,} bytes "
                              f"({MAX_FRAME_BYTES >> 30} GiB)")
-    text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    def is_text(t: pa.DataType) -> bool:
+        if pa.types.is_dictionary(t):
+            return is_text(t.value_type)
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+            or pa.types.is_large_binary(t)
+
+    text = [f.name for f in schema if is_text(f.type)]
     if not text:
         return
     pf = pq.ParquetFile(io.BytesIO(raw), read_dictionary=text)
