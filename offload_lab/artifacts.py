@@ -15,10 +15,11 @@ and returns the object it holds. Nothing is unpickled: every format is parquet o
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from offload_lab.reading import MAX_JSON_BYTES, InputFileError, check_input, parse_json, read_bytes
 
 __all__ = ["ArtifactError", "load", "FORMATS"]
 
@@ -29,8 +30,8 @@ FORMATS = {
     "offload-lab/model-spec": "ModelSpec",
     "offload-lab/device-profile": "DeviceProfile",
 }
-#: the most JSON read to find out what a file is; a trace is streamed, never read whole
-_MAX_JSON_BYTES = 256 * 2**20
+#: the most JSON read to find out what a file is; a bigger one is a trace, streamed, never read whole
+_MAX_JSON_BYTES = MAX_JSON_BYTES
 
 
 class ArtifactError(ValueError):
@@ -48,10 +49,9 @@ def _json_head(path: Path) -> dict[str, Any] | None:
     if path.stat().st_size > _MAX_JSON_BYTES:
         return None
     try:
-        doc = json.loads(path.read_bytes())
-    except (ValueError, RecursionError) as e:
-        raise ArtifactError(f"{str(path)!r} is not valid JSON ({type(e).__name__}: {str(e)[:80]}); "
-                            f"accepted: {_accepted()}") from None
+        doc = parse_json(read_bytes(path, "file", _MAX_JSON_BYTES), repr(str(path)))
+    except InputFileError as e:
+        raise ArtifactError(f"{str(e)[:300]}; accepted: {_accepted()}") from None
     return doc if isinstance(doc, dict) and doc.get("format") in FORMATS else None
 
 
@@ -95,6 +95,11 @@ def load(path: str | os.PathLike) -> Any:
     if not p.exists():
         raise ArtifactError(f"no such file or directory: {str(p)!r}")
     name = p.name.lower()
+    if not p.is_dir():
+        try:  # a FIFO or a device is refused here, unopened, whatever its name
+            check_input(p, "file", None, accepted=_accepted())
+        except InputFileError as e:
+            raise ArtifactError(str(e)) from None
     if p.is_dir():
         if any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json")):
             from offload_lab.model.spec import ModelSpec

@@ -206,7 +206,7 @@ def test_malformed_spec_json_is_one_line_spec_error(tmp_path):
     bad_file.write_bytes(b'{"name": "\xff"}')
     cases = [
         (bad_file, "latin1.json.* is not UTF-8 text"),
-        (tmp_path / "absent.json", "cannot read model spec"),
+        (tmp_path / "absent.json", "no such model spec"),
         ('{"format": "offload-lab/model-spec", "name": "m"}', "'m' is malformed: missing 'groups'"),
         (json.dumps({**good, "groups": [{"name": "blocks", "layers": [[{"name": "w"}]]}]}),
          "missing 'shape'"),

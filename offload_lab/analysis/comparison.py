@@ -159,6 +159,10 @@ def _ratios(runs: list[Run], step_s: list[float]) -> tuple[list[float], list[str
         else:
             ratio.append(float("nan"))
             ref.append(None)
+            if partners or len(runs) == 1:
+                # comparable, but the reference has no step time to divide by (no steps)
+                note.append(f"no ratio: {runs[j].label} has no measured step time")
+                continue
             why = why_not_comparable(runs[0], r) if i else why_not_comparable(r, runs[1])
             note.append("no ratio: no other run of the same model, tokens and backend on the same device"
                         + (f" ({why})" if why else ""))

@@ -209,8 +209,11 @@ def _bound(run: Run, bandwidth: float | None, tiers: pd.DataFrame | None) -> dic
     moved = pd.to_numeric(steps["bytes_moved"], errors="coerce").fillna(0).astype("float64")
     if bw is None:
         if (moved > 0).any():
-            raise AnalysisError(f"run {run.label!r} moved bytes but has no timed copies and no device "
-                                f"profile; pass bandwidth= as a positive number of GB/s")
+            n_copies = int((run.events["kind"] == "copy").sum())
+            raise AnalysisError(f"run {run.label!r} cannot be bounded: its steps moved "
+                                f"{int(moved.max()):,} bytes but it holds {n_copies} copy row(s) and none "
+                                f"with a positive duration to time the link by, and no device profile "
+                                f"to read a bandwidth from")
         copy_t = moved * 0.0
     else:
         copy_t = moved / (bw * 1e9)

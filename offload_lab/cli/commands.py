@@ -494,12 +494,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     plan = None
     if args.plan:
         from offload_lab.planning.planner import Plan, PlanError
+        from offload_lab.reading import MAX_JSON_BYTES, read_text
 
         accepted = "accepted: the output of offload-lab plan MODEL --json"
         if kind_of(args.plan) not in (REGULAR, None):
             raise CliError(f"--plan {args.plan!r} is a {kind_of(args.plan)}, not a file; {accepted}")
         try:
-            plan = Plan.from_json(Path(args.plan).read_text())
+            # a regular file of at most 64 MiB: a FIFO or /dev/zero is refused unread
+            plan = Plan.from_json(read_text(args.plan, "--plan file", MAX_JSON_BYTES,
+                                            accepted="the output of offload-lab plan MODEL --json, "
+                                                     "a regular file of at most 64 MiB"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CliError(f"--plan {args.plan!r} is not JSON ({e}); {accepted}") from None
         except (PlanError, KeyError, TypeError) as e:

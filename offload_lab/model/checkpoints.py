@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from offload_lab.model.spec import ModelSpec, SpecError, TensorSpec, spec_from_named
+from offload_lab.reading import InputFileError, open_binary, read_bytes
 
 __all__ = [
     "ST_DTYPES", "TensorEntry", "Header", "read_header", "read_checkpoint",
@@ -103,26 +104,20 @@ def _parse_json(raw: bytes | str, where: str, what: str) -> object:
         raise SpecError(f"{where} has a corrupt {what} (not JSON: {msg})") from None
 
 
-def _open_regular(path: Path, what: str) -> tuple[int, int]:
-    """``(fd, size)`` of a regular file; refuses FIFOs, devices and directories without blocking."""
+def _open_regular(path: Path, what: str) -> tuple[IO[bytes], int]:
+    """``(file, size)`` of a regular file (any size: only its header is read); FIFOs, devices
+    and directories are refused without being opened (:mod:`offload_lab.reading`)."""
     try:
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise SpecError(f"no such {what}: {_where(path)}") from None
-    except OSError as e:
-        raise SpecError(f"cannot read {what} {_where(path)}: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise SpecError(f"{what} {_where(path)} is not a regular file")
-    return fd, st.st_size
+        fh = open_binary(path, what, None)
+    except InputFileError as e:
+        raise SpecError(str(e)) from None
+    return fh, os.fstat(fh.fileno()).st_size
 
 
-def _read_exact(fd: int, n: int) -> bytes:
+def _read_exact(fh: IO[bytes], n: int) -> bytes:
     chunks, got = [], 0
     while got < n:
-        b = os.read(fd, min(n - got, 1 << 24))
+        b = fh.read(min(n - got, 1 << 24))
         if not b:
             break
         chunks.append(b)
@@ -180,7 +175,7 @@ def read_header(path: str | os.PathLike) -> Header:
     >>> read_header("/nonexistent.safetensors")
     Traceback (most recent call last):
     ...
-    offload_lab.model.spec.SpecError: no such safetensors file: '/nonexistent.safetensors'
+    offload_lab.model.spec.SpecError: no such safetensors file: '/nonexistent.safetensors'; accepted: a regular file
     """
     path = Path(path)
     where = _where(path)
@@ -197,7 +192,7 @@ def read_header(path: str | os.PathLike) -> Header:
     except OSError as e:
         raise SpecError(f"cannot read safetensors file {where}: {e.strerror or e}") from None
     finally:
-        os.close(fd)
+        fd.close()
     header = _parse_json(raw, where, "safetensors header")
     if not isinstance(header, dict):
         raise SpecError(f"{where} has a corrupt safetensors header (not a JSON object)")
@@ -224,13 +219,10 @@ def _inside(directory: Path, p: Path) -> bool:
 def _index_shards(index: Path) -> tuple[list[Path], dict[str, str]]:
     """The shard files an index names, each a file inside the index's directory, and its map."""
     where = _where(index)
-    fd, size = _open_regular(index, "safetensors index")
     try:
-        if size > _INDEX_LIMIT:
-            raise SpecError(f"{where} is {size} bytes; a safetensors index is at most {_INDEX_LIMIT}")
-        raw = _read_exact(fd, size)
-    finally:
-        os.close(fd)
+        raw = read_bytes(index, "safetensors index", _INDEX_LIMIT)
+    except InputFileError as e:
+        raise SpecError(str(e)) from None
     data = _parse_json(raw, where, "safetensors index")
     wmap = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wmap, dict):

@@ -24,14 +24,13 @@ offload_lab.model.spec.SpecError: '/nonexistent' is not a diffusers pipeline dir
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from offload_lab.model.spec import SpecError
+from offload_lab.reading import InputFileError, read_json
 
 __all__ = ["LIBRARIES", "PipelineIndex", "read_model_index", "check_pipeline_index"]
 
@@ -69,24 +68,6 @@ def read_model_index(path: Path) -> dict[str, Any]:
     """The JSON object in ``path`` (a ``model_index.json``): a regular file of at most
     :data:`INDEX_CAP_BYTES`, keys given once. All reading of the index goes through here."""
     where = repr(str(path))
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block
-    except OSError as e:
-        raise SpecError(f"cannot read {where}: {e.strerror or e}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpecError(f"{where} is not a regular file")
-        chunks: list[bytes] = []
-        while (got := sum(map(len, chunks))) <= INDEX_CAP_BYTES:
-            b = os.read(fd, INDEX_CAP_BYTES + 1 - got)
-            if not b:
-                break
-            chunks.append(b)
-        raw = b"".join(chunks)
-    finally:
-        os.close(fd)
-    if len(raw) > INDEX_CAP_BYTES:
-        raise SpecError(f"{where} is over {INDEX_CAP_BYTES} bytes; a model_index.json is a few lines")
 
     def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -97,13 +78,10 @@ def read_model_index(path: Path) -> dict[str, Any]:
         return out
 
     try:
-        info = json.loads(raw, object_pairs_hook=once)
-    except RecursionError:
-        raise SpecError(f"{where} is not valid JSON: nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        if isinstance(e, SpecError):
-            raise
-        raise SpecError(f"{where} is not valid JSON ({type(e).__name__})") from None
+        info = read_json(path, "pipeline index", INDEX_CAP_BYTES,
+                         accepted="a model_index.json of a few lines", object_pairs_hook=once)
+    except InputFileError as e:
+        raise SpecError(str(e)) from None
     if not isinstance(info, dict):
         raise SpecError(f"{where} holds a {type(info).__name__}; expected a JSON object")
     return info

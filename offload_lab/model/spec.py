@@ -277,21 +277,17 @@ class ModelSpec:
         ...
         offload_lab.model.spec.SpecError: model spec is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
         """
+        from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
+
         text, where = str(path_or_text), "model spec"
-        if not text.lstrip().startswith("{"):
-            where = f"model spec {text!r}"
-            try:
-                text = Path(path_or_text).read_text(encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise SpecError(f"{where} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-            except OSError as e:
-                raise SpecError(f"cannot read {where}: {e.strerror or e}") from None
         try:
-            data = json.loads(text)
-        except RecursionError:
-            raise SpecError(f"{where} is not valid JSON: nested too deeply") from None
-        except ValueError as e:
-            raise SpecError(f"{where} is not valid JSON: {e}") from None
+            if not text.lstrip().startswith("{"):
+                where = f"model spec {text!r}"
+                # a regular file of at most 64 MiB, never a FIFO or a device
+                text = read_text(path_or_text, "model spec", MAX_JSON_BYTES)
+            data = parse_json(text, where)
+        except InputFileError as e:
+            raise SpecError(str(e)) from None
         return cls.from_dict(data)
 
     # -- safetensors ---------------------------------------------------------------------

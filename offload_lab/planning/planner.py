@@ -280,7 +280,20 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        return cls.from_dict(json.loads(text))
+        """A plan from the JSON text :meth:`to_json` wrote (too deep nesting is a PlanError).
+
+        >>> Plan.from_json("[" * 100_000)
+        Traceback (most recent call last):
+        ...
+        offload_lab.planning.errors.PlanError: plan JSON is not valid JSON: nested too deeply
+        """
+        from offload_lab.reading import InputFileError, parse_json
+
+        try:
+            data = parse_json(text, "plan JSON")
+        except InputFileError as e:
+            raise PlanError(str(e)) from None
+        return cls.from_dict(data)
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

@@ -34,20 +34,28 @@ from offload_lab.record.schema import (
     TIERS,
     RunFormatError,
     check_meta,
+    check_numbers,
     check_values,
     conform,
 )
 from offload_lab.writing import atomic_write
 
 __all__ = ["Run", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
-           "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "summarize_steps", "summarize_layers",
-           "empty_events"]
+           "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "MAX_FRAME_ROWS", "MAX_FRAME_BYTES",
+           "summarize_steps", "summarize_layers", "empty_events"]
 
 FORMAT = "offload-lab/run"
 FORMAT_VERSION = 1
 FRAMES = ("events", "layers", "steps", "memory")
 #: the largest member a saved run may hold, uncompressed; bigger ones are refused unread
 MAX_MEMBER_BYTES = 128 << 20
+#: the most rows a saved frame may decode to (a 14B run holds ~10^4-10^5 events): read from the
+#: parquet footer before any column is decoded, since a constant column run-length encodes
+#: 3×10^8 rows in a few MB
+MAX_FRAME_ROWS = 20_000_000
+#: the most a saved frame may decode to: parquet's own uncompressed size, and rows × columns ×
+#: 8 bytes (what the frame takes in memory), whichever is larger
+MAX_FRAME_BYTES = 2 << 30
 
 
 def empty_events() -> pd.DataFrame:
@@ -240,6 +248,8 @@ class Run:
         self.layers = conform("layers", layers, LAYER_DTYPES)
         self.steps = conform("steps", steps, STEP_DTYPES)
         self.memory = conform("memory", memory, MEMORY_DTYPES)
+        for name in FRAMES:
+            check_numbers(name, getattr(self, name))
         self.meta = check_meta(meta)
         self.meta.setdefault("simulated", self.meta.get("backend") == "sim")
 
@@ -373,14 +383,25 @@ class Run:
         """Read a run written by :meth:`save` (``path`` with or without its ``.zip``).
 
         Anything that is not such a run raises :class:`RunFormatError` naming the file and what
-        is wrong with it; members over :data:`MAX_MEMBER_BYTES` are refused without being read.
+        is wrong with it: a path that is no regular file (a FIFO, a device, a directory) or is
+        over 2 GiB, members over :data:`MAX_MEMBER_BYTES`, frames whose parquet footer says
+        they decode past :data:`MAX_FRAME_ROWS` rows or :data:`MAX_FRAME_BYTES` (all refused
+        without being read), and frames whose values break the contract (see
+        :func:`~offload_lab.record.schema.check_numbers`).
         """
+        from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
+
         path = Path(path)
         if not path.exists() and _zip_path(path).is_file():
             path = _zip_path(path)
         where = str(path)
         try:
-            with zipfile.ZipFile(path) as z:
+            fh = open_binary(path, "saved run", MAX_RUN_FILE_BYTES,
+                             accepted=f"a run .zip written by Run.save, of at most {MAX_RUN_FILE_BYTES >> 30} GiB")
+        except InputFileError as e:
+            raise RunFormatError(str(e)) from None
+        try:
+            with fh, zipfile.ZipFile(fh) as z:
                 missing = sorted({"meta.json", *(f"{n}.parquet" for n in FRAMES)} - set(z.namelist()))
                 if missing:
                     raise RunFormatError(f"{where!r} is not an offload-lab run: missing {missing}")
@@ -449,10 +470,70 @@ def _read_head(z: zipfile.ZipFile, where: str) -> dict:
     return head
 
 
+def _check_decoded_size(raw: bytes, name: str, where: str) -> None:
+    """Refuse a parquet member that decodes past :data:`MAX_FRAME_ROWS` rows or
+    :data:`MAX_FRAME_BYTES`, before its frame is decoded.
+
+    Run-length and dictionary encoding let a few MB hold 3×10^8 rows, or one long string
+    repeated a million times, so the compressed size says nothing: the footer's row count,
+    schema and sizes are checked first, then the text columns are read with their
+    dictionaries kept (small) one row group at a time, to add up what they would decode to.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    member = f"{where!r}: member {name}.parquet"
+    pf = pq.ParquetFile(io.BytesIO(raw))
+    md = pf.metadata
+    groups = [md.row_group(i) for i in range(md.num_row_groups)]
+    rows = max(md.num_rows, sum(g.num_rows for g in groups))
+    if rows > MAX_FRAME_ROWS:
+        raise RunFormatError(f"{member} holds {rows:,} rows; a saved frame may hold at most "
+                             f"{MAX_FRAME_ROWS:,} (refused before decoding)")
+    schema = pf.schema_arrow
+    nested = [f.name for f in schema if pa.types.is_nested(f.type)]
+    if nested:  # a list column holds any number of values per row: the row count bounds nothing
+        raise RunFormatError(f"{member} has nested column(s) {nested[:5]}; a run frame holds flat columns "
+                             f"(numbers, booleans, text)")
+    values = max((g.column(j).num_values for g in groups for j in range(g.num_columns)), default=0)
+    stored = sum(g.total_byte_size for g in groups)
+    estimate = max(stored, rows * max(md.num_columns, 1) * 8, values * 8)
+    if estimate > MAX_FRAME_BYTES:
+        raise RunFormatError(f"{member} decodes to {estimate:,} bytes ({rows:,} rows × {md.num_columns} "
+                             f"columns); a saved frame may decode to at most {MAX_FRAME_BYTES:,} bytes "
+                             f"({MAX_FRAME_BYTES >> 30} GiB)")
+    def is_text(t: pa.DataType) -> bool:
+        if pa.types.is_dictionary(t):
+            return is_text(t.value_type)
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+            or pa.types.is_large_binary(t)
+
+    text = [f.name for f in schema if is_text(f.type)]
+    if not text:
+        return
+    pf = pq.ParquetFile(io.BytesIO(raw), read_dictionary=text)
+    total = rows * max(md.num_columns, 1) * 8
+    for i in range(md.num_row_groups):
+        for col in pf.read_row_group(i, columns=text).columns:
+            for chunk in col.chunks:
+                if pa.types.is_dictionary(chunk.type):
+                    lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
+                    total += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + chunk.nbytes
+                else:
+                    total += chunk.nbytes
+        if total > MAX_FRAME_BYTES:
+            raise RunFormatError(f"{member}: its text columns decode to more than {MAX_FRAME_BYTES:,} bytes "
+                                 f"({MAX_FRAME_BYTES >> 30} GiB), the most a saved frame may decode to")
+
+
 def _read_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
     raw = _member(z, f"{name}.parquet", where)
     try:
+        _check_decoded_size(raw, name, where)
         return pd.read_parquet(io.BytesIO(raw), engine="pyarrow")
+    except RunFormatError:
+        raise
     except Exception as e:  # pyarrow raises many types (ArrowInvalid, ArrowTypeError, OSError, ...)
         raise RunFormatError(f"{where!r}: {name}.parquet is not a readable parquet table "
                              f"({type(e).__name__}: {str(e)[:80]})") from None

@@ -62,6 +62,41 @@ META_TYPES: dict[str, tuple] = {
 }
 #: how deep meta may nest (a run's own meta is a few levels deep)
 MAX_META_DEPTH = 32
+#: step, call, layer and rank numbers are below this (a real run has tens of steps and layers)
+MAX_INDEX = 10**9
+#: byte counts are below this (8 PiB): sums of them in float64 stay exact
+MAX_BYTES = 2**53
+#: ``layer`` of rows outside every layer (trace import): the one negative layer number
+NO_LAYER = -1
+#: how far a share (``overlap``) may stray outside [0, 1] by rounding
+_SHARE_SLACK = 1e-6
+#: how far an event's stored ``dur_s`` may differ from ``end_s - start_s`` (rounding), seconds
+_DUR_SLACK = 1e-6
+
+#: per frame, the value rules of its numeric columns: ``(column, rule)``; rules:
+#: ``time`` finite and ≥ 0, ``duration`` the same, ``index`` an integer in [0, MAX_INDEX),
+#: ``layer`` the same or NO_LAYER, ``bytes`` in [0, MAX_BYTES), ``wall`` finite and > 0,
+#: ``share`` NaN (no copies) or in [0, 1], ``rate`` NaN (never copied) or finite and ≥ 0,
+#: ``rank_opt`` <NA> or an index
+VALUE_RULES: dict[str, tuple[tuple[str, str], ...]] = {
+    "events": (("step", "index"), ("call", "index"), ("layer", "layer"), ("bytes", "bytes"),
+               ("start_s", "time"), ("end_s", "time"), ("dur_s", "duration"), ("rank", "index")),
+    "layers": (("layer", "layer"), ("bytes", "bytes"), ("mapped_bytes", "bytes"), ("pin_rank", "rank_opt"),
+               ("copy_s", "duration"), ("compute_s", "duration"), ("stall_s", "duration"), ("gbps", "rate"),
+               ("rank", "index")),
+    "steps": (("step", "index"), ("calls", "index"), ("wall_s", "wall"), ("compute_s", "duration"),
+              ("copy_s", "duration"), ("stall_s", "duration"), ("exposed_copy_s", "duration"),
+              ("overlap", "share"), ("bytes_moved", "bytes"), ("rank", "index")),
+    "memory": (("t_s", "time"), ("device_bytes", "bytes"), ("pinned_bytes", "bytes"),
+               ("anon_bytes", "bytes"), ("mapped_bytes", "bytes"), ("rank", "index")),
+}
+_RULE_TEXT = {
+    "time": "finite seconds ≥ 0", "duration": "finite seconds ≥ 0",
+    "index": f"integers from 0 to {MAX_INDEX - 1}", "layer": f"integers from 0 to {MAX_INDEX - 1}, or {NO_LAYER} "
+    f"for rows outside every layer", "bytes": "integers from 0 to 2**53 - 1",
+    "wall": "finite seconds > 0", "share": "a share from 0 to 1, or NaN (no copies)",
+    "rate": "finite GB/s ≥ 0, or NaN (never copied)", "rank_opt": f"<NA> or integers from 0 to {MAX_INDEX - 1}",
+}
 
 
 class RunFormatError(ValueError):
@@ -114,6 +149,75 @@ def check_values(events: pd.DataFrame) -> None:
         if len(bad):
             raise RunFormatError(f"events column {col!r} holds {str(bad.iloc[0])!r} "
                                  f"({len(bad)} row(s)); accepted: {list(ok)}")
+
+
+def _bad_rows(v: np.ndarray, rule: str) -> np.ndarray:
+    """Mask of the values of ``v`` (float64, NaN for <NA>) that break ``rule``."""
+    with np.errstate(invalid="ignore"):
+        if rule in ("time", "duration"):
+            return ~(np.isfinite(v) & (v >= 0))
+        if rule == "wall":
+            return ~(np.isfinite(v) & (v > 0))
+        if rule == "share":
+            return ~np.isnan(v) & ~((v >= -_SHARE_SLACK) & (v <= 1 + _SHARE_SLACK))
+        if rule == "rate":
+            return ~np.isnan(v) & ~(np.isfinite(v) & (v >= 0))
+        if rule == "bytes":
+            return ~((v >= 0) & (v < MAX_BYTES))
+        lo = NO_LAYER if rule == "layer" else 0
+        ok = (v >= lo) & (v < MAX_INDEX)
+        return ~(ok | np.isnan(v)) if rule == "rank_opt" else ~ok
+
+
+def check_numbers(name: str, df: pd.DataFrame) -> None:
+    """Refuse a conformed frame whose numbers cannot be what their column says.
+
+    Times and durations are finite and ≥ 0, a step's ``wall_s`` > 0, byte counts in
+    [0, 2**53), step, call, layer and rank numbers in [0, 10**9) (``layer`` may be -1: rows
+    outside every layer), ``overlap`` in [0, 1] or NaN, ``gbps`` ≥ 0 or NaN; an event ends no
+    earlier than it starts. The message names the frame, the column and the first bad value.
+
+    >>> check_numbers("steps", pd.DataFrame({"wall_s": [0.5, float("nan")]}))
+    Traceback (most recent call last):
+    ...
+    offload_lab.record.schema.RunFormatError: steps column 'wall_s' holds nan (1 row(s), first at row 1); accepted: finite seconds > 0
+    """
+    if name == "events" and len(df):
+        start, end, dur = (df[c].to_numpy(dtype="float64") for c in ("start_s", "end_s", "dur_s"))
+        _relation(end < start, "ends before it starts", start, end, dur)
+    for col, rule in VALUE_RULES.get(name, ()):
+        if col not in df.columns or not len(df):
+            continue
+        s = df[col]
+        v = s.to_numpy(dtype="float64", na_value=np.nan) if s.dtype != "float64" else s.to_numpy()
+        bad = _bad_rows(v, rule)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise RunFormatError(f"{name} column {col!r} holds {_show(s.iloc[first])} ({int(bad.sum())} row(s), "
+                                 f"first at row {first}); accepted: {_RULE_TEXT[rule]}")
+    if name == "events" and len(df):
+        _relation(np.abs(dur - (end - start)) > _DUR_SLACK, "has a dur_s other than end_s - start_s", start, end, dur)
+
+
+def _relation(bad: np.ndarray, why: str, start: np.ndarray, end: np.ndarray, dur: np.ndarray) -> None:
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RunFormatError(f"events row {i} {why} (start_s {_show(start[i])}, end_s {_show(end[i])}, "
+                             f"dur_s {_show(dur[i])}; {int(bad.sum())} row(s)); accepted: "
+                             f"start_s ≤ end_s, dur_s = end_s - start_s")
+
+
+def _show(x: Any) -> str:
+    """A value as the message shows it: ``nan``, ``-inf``, ``1e+18``, ``-5``."""
+    if x is pd.NA or x is None:
+        return "<NA>"
+    if isinstance(x, (bool, np.bool_)):
+        return repr(bool(x))
+    if isinstance(x, (int, np.integer)):
+        return repr(int(x))
+    if isinstance(x, (float, np.floating)):
+        return repr(float(x))
+    return repr(x)
 
 
 def plain_meta(obj: Any, depth: int = 0) -> Any:

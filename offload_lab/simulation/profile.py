@@ -331,18 +331,19 @@ class DeviceProfile:
 
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> DeviceProfile:
+        from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
+
         text = str(path_or_text)
         where = "device profile"
-        if not text.lstrip().startswith("{"):
-            where = f"device profile {text!r}"
-            try:
-                text = Path(path_or_text).read_text()
-            except (OSError, UnicodeDecodeError) as e:
-                raise ProfileError(f"cannot read {where}: {e}") from None
         try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{where} is not valid JSON: {e}") from None
+            if not text.lstrip().startswith("{"):
+                where = f"device profile {text!r}"
+                # a regular file of at most 64 MiB, never a FIFO or a device
+                text = read_text(path_or_text, "device profile", MAX_JSON_BYTES)
+            data = parse_json(text, where)
+        except InputFileError as e:
+            raise ProfileError(str(e)) from None
+        return cls.from_dict(data)
 
     @classmethod
     def load(cls, name: str | os.PathLike) -> DeviceProfile:

@@ -161,7 +161,10 @@ def _tensors_of(h: Header, mmap: bool):
         # MAP_PRIVATE: pages stay file-backed until written; nothing is read here
         buf = torch.from_file(str(h.path), shared=False, size=h.data_start + max(
             t.end for t in h.tensors.values()), dtype=torch.uint8)
-    with open(h.path, "rb") as fh:
+    from offload_lab.reading import open_binary
+
+    # checked again: the file read_header validated may have been swapped for a FIFO since
+    with open_binary(h.path, "safetensors file", None) as fh:
         for name, e in h.tensors.items():
             dt = getattr(torch, e.dtype)
             lo, hi = h.data_start + e.begin, h.data_start + e.end

@@ -11,15 +11,19 @@ the file is laid out as torch writes it, the rows the import never uses (``cpu_o
 arrows, Python frames: most of a trace) are framed by the newlines between events but not
 decoded (:meth:`_Reader._array`); every row that is used is decoded and checked. A 1 M-event
 trace loads in a few seconds with memory bounded by the kernels and copies it holds
-(``benchmarks/trace_import.py``). Malformed or truncated files raise :class:`TraceFormatError`
-naming the problem and where (event index in ``traceEvents``, byte offset). Numbers that
-cannot be what they claim are counted in ``meta["skipped"]`` and their rows left out, never
-passed into the frames: NaN, infinite or absurd (past 10^17 µs) ``ts`` / ``dur``
-(``non_finite_or_absurd_times``), negative durations (``negative_dur``), memcpy ``bytes`` that
-are negative or past 2^50 (``memcpy_bytes_negative_or_absurd``), ``ProfilerStep#N`` past 2^53
-(``step_numbers_too_large``). A trace in which no layer, kernel or copy is found (a plain CPU
-profile of a model) raises :class:`TraceFormatError` saying what it holds and how to label
-layers.
+(``benchmarks/trace_import.py``). The path must be a regular file (a FIFO or a device is
+refused unopened) of at most 16 GiB, holding at most 16 GiB of JSON once decompressed, no
+event longer than 64 MiB and no value nested deeper than Python's parser takes. Malformed or
+truncated files raise :class:`TraceFormatError` naming the problem and where (event index in
+``traceEvents``, byte offset). Numbers that cannot be what they claim are counted in
+``meta["skipped"]`` and their rows left out, never passed into the frames: NaN, infinite or
+absurd (past 10^17 µs) ``ts`` / ``dur`` (``non_finite_or_absurd_times``), negative durations
+(``negative_dur``), memcpy ``bytes`` that are negative or past 2^50
+(``memcpy_bytes_negative_or_absurd``), ``ProfilerStep#N`` past 10^9, the frames' bound
+(``step_numbers_too_large``; a layer label past it names no layer). A trace in which no
+layer, kernel or copy is found (a plain CPU profile of a model, or only ``cpu_op`` rows)
+raises :class:`TraceFormatError` saying what it holds (events, complete events by category)
+and how to label layers.
 
 **Mapping** onto the frames:
 
@@ -186,8 +190,9 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
         path = Path(trace_or_profiler)
         if path.is_dir():
             return _import_dir(path, label, layer_pattern)
-        if not path.is_file():
-            raise FileNotFoundError(f"trace {str(path)!r} does not exist (or is not a file)")
+        if not path.exists():
+            raise FileNotFoundError(f"trace {str(path)!r} does not exist")
+        # anything but a regular file (a FIFO, a device) is refused by the reader, unopened
         return _import_file(path, label, layer_pattern)
     export = getattr(trace_or_profiler, "export_chrome_trace", None)
     if not callable(export):

@@ -351,10 +351,14 @@ def _bounds(tr: _Trace, events: pd.DataFrame) -> pd.DataFrame:
 
 def _nothing_to_show(c: _Collected, reader: _Reader, name: str) -> TraceFormatError:
     """Why a trace gives no layer and no GPU row, and how to record one that does."""
-    top = ", ".join(f"{k} ×{v}" for k, v in sorted(c.by_cat.items(), key=lambda kv: -kv[1])[:4] if v)
+    top = ", ".join(f"{k} ×{v:,}" for k, v in sorted(c.by_cat.items(), key=lambda kv: -kv[1])[:4] if v)
+    complete = sum(v for v in c.by_cat.values() if v > 0)
+    skipped = c.bad_times + c.negative_dur
     return TraceFormatError(
-        f"{name}: no layer found: {reader.n_events} events ({top or 'none with a category'}), "
-        f"{len(c.steps)} ProfilerStep span(s), {c.unmatched_annotations} record_function label(s) that "
+        f"{name}: no layer found: the trace has {reader.n_events:,} events, {complete:,} of them complete "
+        f"('ph': 'X': {top or 'none with a category'}"
+        + (f"; {skipped:,} with a NaN, infinite, absurd or negative time skipped" if skipped else "")
+        + f"), {len(c.steps)} ProfilerStep span(s), {c.unmatched_annotations} record_function label(s) that "
         f"match no layer_pattern, no kernels and no host-to-device copies; to see layers, label each "
         f"block's forward with torch.profiler.record_function('blocks.<i>'), profile with "
         f"with_stack=True so 'nn.Module: <Block>_<i>' spans are recorded, pass a layer_pattern matching "
@@ -366,8 +370,12 @@ def _build(c: _Collected, reader: _Reader, source: str, label: str, patterns: li
            default_patterns: bool) -> Run:
     name = source
     if c.t0 == float("inf"):
+        if any(v > 0 for v in c.by_cat.values()):
+            # complete rows there are, but only ones that never time a layer (cpu_op, Python
+            # frames) or whose times are unusable: say what the trace holds
+            raise _nothing_to_show(c, reader, name)
         raise TraceFormatError(f"{name}: the trace has no complete ('ph': 'X') events with a duration "
-                               f"({reader.n_events} events read)")
+                               f"({reader.n_events:,} events read)")
     layer_source, cpu_spans, gpu_spans = _layer_spans(c, default_patterns)
     if layer_source == "none" and not len(c.k_ts) and not c.copies:
         raise _nothing_to_show(c, reader, name)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from offload_lab.record.kineto.reader import TraceFormatError, TraceImportError, _Reader
+from offload_lab.record.schema import MAX_INDEX as FRAME_MAX_INDEX
 
 #: the group of layers matched by a ``layer_pattern`` without a (non-empty) ``group`` group
 UNNAMED_GROUP = "layers"
@@ -55,8 +56,8 @@ class _Matcher:
             m = p.search(name)
             if m:
                 layer = int(m.group("layer"))
-                # an index past MAX_INDEX names no layer (it would overflow the frames)
-                hit = (m.groupdict().get("group") or UNNAMED_GROUP, layer) if layer < MAX_INDEX else None
+                # an index past the frames' bound names no layer (a run would refuse it)
+                hit = (m.groupdict().get("group") or UNNAMED_GROUP, layer) if layer < MAX_STEP else None
                 break
         if len(self.cache) < 1_000_000:
             self.cache[name] = hit
@@ -135,7 +136,7 @@ class _Collected:
         self.negative_dur = 0
         self.bad_times = 0     # NaN, infinite or absurd ts / dur
         self.bad_bytes = 0     # memcpy bytes negative or absurd
-        self.bad_steps = 0     # ProfilerStep numbers past MAX_INDEX
+        self.bad_steps = 0     # ProfilerStep numbers past MAX_STEP
         self.unmatched_annotations = 0
         self.unused = 0    # flow arrows and python frames other than nn.Module: never read
         self.devices: dict[int, int] = {}      # device id -> GPU rows
@@ -145,14 +146,15 @@ class _Collected:
 #: overflow the frames' int64 / lose all precision in float64): such rows are counted and skipped
 MAX_US = 1e17          # ~3,000 years in microseconds; Kineto writes µs since the epoch (~1.7e15)
 MAX_BYTES = 1 << 50    # one copy of a PiB
-MAX_INDEX = 1 << 53    # step numbers, layer indices, correlation ids
+MAX_INDEX = 1 << 53    # correlation ids
+MAX_STEP = FRAME_MAX_INDEX  # step numbers and layer indices: what the frames accept (10^9)
 
 
 def _step_span(c: _Collected, nm: str, ts: float, dur: float) -> None:
     ms = _STEP.match(nm)
     if ms:
         n = int(ms.group(1))
-        if n >= MAX_INDEX:
+        if n >= MAX_STEP:
             c.bad_steps += 1
             return
         span = c.steps.get(n)

@@ -12,11 +12,22 @@ from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
+from offload_lab.reading import (
+    MAX_TRACE_BYTES,
+    InputFileError,
+    MissingInputError,
+    describe_size,
+    open_binary,
+)
+
 _CHUNK = 1 << 20
 # A JSON error this close to the end of the buffer may just be an event cut by the chunk edge.
 _EDGE = 16
 _WS = re.compile(r"[ \t\n\r]*")
 _LOW = 1 << 16        # refill before fewer than this many characters are left
+#: the largest single JSON value (one event, one top-level entry) the reader holds: a trace's
+#: events are a few hundred bytes; a longer value is not waited for to its end
+MAX_VALUE_CHARS = 64 << 20
 
 
 class TraceImportError(ValueError):
@@ -42,11 +53,15 @@ class _Text:
         self.base = 0          # byte offset (of the decompressed stream) of buf[0]
         self.eof = False
         self.cut_gzip = False  # the gzip stream ended before its end-of-stream marker
+        self.read = 0          # bytes of (decompressed) text read so far
 
     def refill(self, pos: int) -> int:
         """Drop ``buf[:pos]``, append one more chunk; returns the new ``pos`` (0)."""
         if self.eof:
             return pos
+        if len(self.buf) - pos > MAX_VALUE_CHARS:
+            raise TraceFormatError(f"{self.name}: a JSON value at {self.where(pos)} goes on for more than "
+                                   f"{describe_size(MAX_VALUE_CHARS)}; a trace event is at most that long")
         try:
             data = self.fh.read(_CHUNK)
         except EOFError:
@@ -62,6 +77,10 @@ class _Text:
                 f"{self.name}: not UTF-8 text near byte {self.offset(len(self.buf)) + e.start}") from None
         if not data:
             self.eof = True
+        self.read += len(data)
+        if self.read > MAX_TRACE_BYTES:
+            raise TraceFormatError(f"{self.name}: the trace holds more than {describe_size(MAX_TRACE_BYTES)} of "
+                                   f"JSON{' once decompressed' if self.gz else ''}, the most a trace may hold")
         self.base = self.offset(pos)
         self.buf = self.buf[pos:] + text
         return 0
@@ -120,6 +139,9 @@ class _Reader:
             buf, pos = t.buf, self.pos
             try:
                 obj, end = self._scan(buf, pos)
+            except RecursionError:
+                raise TraceFormatError(f"{t.name}: invalid JSON in {what} at {t.where(pos)}: nested too "
+                                       f"deeply for a JSON parser") from None
             except StopIteration as e:
                 # no value could start here; C's scanner also says so for a value nested inside,
                 # with the position where it looked
@@ -290,7 +312,7 @@ class _Reader:
                     try:
                         pairs = list(map(scan, repeat(buf, len(heads)), heads))
                         ok = not pairs or pairs[-1][1] <= end
-                    except (StopIteration, json.JSONDecodeError):
+                    except (StopIteration, json.JSONDecodeError, RecursionError):
                         ok = False
                 if ok:
                     if pending:
@@ -311,7 +333,7 @@ class _Reader:
                 if end >= len(buf):
                     raise StopIteration  # may go on in the next chunk
                 pos = end
-            except (StopIteration, json.JSONDecodeError):
+            except (StopIteration, json.JSONDecodeError, RecursionError):
                 # cut by the chunk edge (read more), or really invalid: the slow path decides
                 self.pos = pos
                 self.n_events = idx
@@ -437,7 +459,16 @@ class _Gunzip:
 
 
 def _open(path: Path) -> tuple[Any, bool]:
-    fh = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    """The trace file opened (a regular file of at most MAX_TRACE_BYTES: never a FIFO or a
+    device), through a gunzip when its content is gzip."""
+    try:
+        fh = open_binary(path, "trace", MAX_TRACE_BYTES,
+                         accepted=f"a torch.profiler trace (.json or .json.gz) of at most "
+                                  f"{describe_size(MAX_TRACE_BYTES)}")
+    except MissingInputError:
+        raise
+    except InputFileError as e:
+        raise TraceFormatError(str(e)) from None
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":  # by content, not by name: a .json may be gzipped and vice versa
