@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from offload_lab.errors import OffloadLabError
+
 __all__ = ["ArtifactError", "load", "FORMATS"]
 
 #: the ``format`` field of each JSON artefact -> what it loads as
@@ -33,7 +35,7 @@ FORMATS = {
 _MAX_JSON_BYTES = 256 * 2**20
 
 
-class ArtifactError(ValueError):
+class ArtifactError(OffloadLabError, ValueError):
     """A path that is no offload-lab artefact (or cannot be read); the message says what it is."""
 
 

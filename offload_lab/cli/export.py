@@ -12,6 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from offload_lab.errors import OffloadLabError
+
 __all__ = ["FORMATS", "ExportError", "add_parser", "run", "default_out"]
 
 #: format name -> the suffix its files get by default
@@ -26,7 +28,7 @@ RUN is a run saved by offload-lab profile / simulate or Run.save, or a torch.pro
 (.json, .json.gz). Open the file at https://ui.perfetto.dev or chrome://tracing."""
 
 
-class ExportError(ValueError):
+class ExportError(OffloadLabError, ValueError):
     """An export the command cannot do: a missing run, an output that exists, ..."""
 
 

@@ -22,13 +22,15 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from offload_lab.errors import OffloadLabError
+
 __all__ = ["OutputError", "FORCE_HELP", "check_output", "check_output_dir", "cleaned_up"]
 
 FORCE_HELP = ("overwrite output files that already exist (an output is never written over one of "
               "the command's inputs)")
 
 
-class OutputError(ValueError):
+class OutputError(OffloadLabError, ValueError):
     """An output path the command will not write to; the message says why and what to do."""
 
 

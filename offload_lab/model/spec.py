@@ -18,6 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.checks import is_int
+from offload_lab.errors import OffloadLabError
+
 # bytes per element, by the dtype names torch prints without the "torch." prefix
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -26,7 +29,7 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-class SpecError(ValueError):
+class SpecError(OffloadLabError, ValueError):
     """A model, file or group name that cannot be turned into a spec."""
 
 
@@ -41,7 +44,7 @@ class TensorSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape, tuple) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.shape
+            is_int(s) and s >= 0 for s in self.shape
         ):
             raise SpecError(
                 f"tensor {self.name!r} has shape {self.shape!r}; accepted: a tuple of ints ≥ 0"

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.checks import is_int
 from offload_lab.record.schema import (
     EVENT_COLUMNS,
     EVENT_DTYPES,
@@ -445,7 +446,7 @@ def _read_head(z: zipfile.ZipFile, where: str) -> dict:
         raise RunFormatError(f"{where!r} is not an offload-lab run (format {head.get('format')!r:.60}, "
                              f"expected {FORMAT!r})")
     version = head.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+    if not is_int(version) or not 1 <= version <= FORMAT_VERSION:
         raise RunFormatError(f"{where!r}: run format version {version!r:.30} is not one this offload-lab "
                              f"reads (1 to {FORMAT_VERSION})")
     if "meta" not in head:

@@ -12,6 +12,8 @@ from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
+from offload_lab.errors import OffloadLabError
+
 _CHUNK = 1 << 20
 # A JSON error this close to the end of the buffer may just be an event cut by the chunk edge.
 _EDGE = 16
@@ -19,7 +21,7 @@ _WS = re.compile(r"[ \t\n\r]*")
 _LOW = 1 << 16        # refill before fewer than this many characters are left
 
 
-class TraceImportError(ValueError):
+class TraceImportError(OffloadLabError, ValueError):
     """A bad argument to :func:`from_torch_profiler` (input type, layer pattern, profiler state)."""
 
 
