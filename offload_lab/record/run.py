@@ -287,7 +287,7 @@ class Run:
         meta["steps_measured"] = len(bounds)
         layers, steps = summarize_layers(ev, plan_layers), summarize_steps(ev, bounds)
         rank = meta.get("rank")
-        if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+        if is_int(rank) and rank > 0:
             # one rank's own run of a torch.distributed job: its rows carry its rank
             ev, layers, steps = ev.assign(rank=rank), layers.assign(rank=rank), steps.assign(rank=rank)
             mem = pd.DataFrame(mem, columns=MEMORY_COLUMNS).assign(rank=rank)
