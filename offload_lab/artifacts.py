@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from offload_lab.errors import OffloadLabError
 from offload_lab.reading import MAX_JSON_BYTES, InputFileError, check_input, parse_json, read_bytes
 
 __all__ = ["ArtifactError", "load", "FORMATS"]
@@ -34,7 +35,7 @@ FORMATS = {
 _MAX_JSON_BYTES = MAX_JSON_BYTES
 
 
-class ArtifactError(ValueError):
+class ArtifactError(OffloadLabError, ValueError):
     """A path that is no offload-lab artefact (or cannot be read); the message says what it is."""
 
 

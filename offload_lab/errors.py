@@ -13,9 +13,14 @@ tracebacks. Each subclass also derives from the builtin it has always been (most
 
 from __future__ import annotations
 
-__all__ = ["OffloadLabError"]
+__all__ = ["OffloadLabError", "ArgumentError"]
 
 
 class OffloadLabError(Exception):
     """Base of every error the package raises on purpose; the message names the bad value and
     what is accepted, in one line."""
+
+
+class ArgumentError(OffloadLabError, ValueError):
+    """An argument of the wrong type or out of range, refused by :mod:`offload_lab.checks` where
+    the caller names no error class of its own."""

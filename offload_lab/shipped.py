@@ -19,6 +19,8 @@ import importlib.resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from offload_lab.errors import OffloadLabError
+
 if TYPE_CHECKING:
     from offload_lab.record.run import Run
 
@@ -30,7 +32,7 @@ _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 KINDS = {"models": "*.json", "devices": "*.json", "runs": "*/*.zip", "simulated": "*/*.zip"}
 
 
-class ShippedDataError(LookupError):
+class ShippedDataError(OffloadLabError, LookupError):
     """Shipped data that is not where an installed package or a checkout keeps it."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+from offload_lab.errors import OffloadLabError
+
 _UNITS = {
     "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -17,7 +19,7 @@ ACCEPTED = "a non-negative number of bytes or a size string such as '8GiB', '512
 MAX_SIZE = 2**63 - 1
 
 
-class SizeError(ValueError):
+class SizeError(OffloadLabError, ValueError):
     """A size that cannot be read as a byte count."""
 
 

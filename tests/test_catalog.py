@@ -273,7 +273,7 @@ def test_flops_bad_tokens_name_the_value():
         flops.layer_flops(spec, "blockz", 10)
     with pytest.raises(ValueError, match="30"):
         flops.layer_flops(spec, "blocks", 10, layer=30)
-    with pytest.raises(ValueError, match="layer True"):  # a bool is not layer 1
+    with pytest.raises(ValueError, match="layer = True"):  # a bool is not layer 1
         flops.layer_flops(spec, "blocks", 10, layer=True)
 
 

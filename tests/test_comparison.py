@@ -115,7 +115,7 @@ def test_noisy_run_flagged_in_metrics_compare_and_report():
     assert note in rep.warnings
     text = rep.to_html()
     assert text.count("noisy: run &#39;busy machine&#39; took 23 ms to 2.02 s per step") >= 2  # summary, section
-    with pytest.raises(summary.AnalysisError, match="noise limit 1 is not a ratio above 1"):
+    with pytest.raises(summary.AnalysisError, match="noise limit = 1; accepted: a ratio above 1"):
         summary.is_noisy(noisy, limit=1)
 
 

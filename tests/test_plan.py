@@ -602,7 +602,7 @@ def test_pipeline_refuses_duplicate_names_and_bad_uses():
     spec = make_spec([MiB])
     with pytest.raises(PlanError, match=r"\['x'\] appear more than once"):
         plan_pipeline([Component("x", spec), Component("x", spec)], host=BIG)
-    with pytest.raises(PlanError, match=r"component 'x' uses 0; expected an int ≥ 1"):
+    with pytest.raises(PlanError, match=r"component 'x': uses = 0; accepted: an int ≥ 1"):
         Component("x", spec, uses=0)
 
 
@@ -634,8 +634,8 @@ def test_bad_pin_budgets(budget, words):
     ({"order": "random"}, ["order 'random'", "'execution', 'reverse', 'largest', 'strided'", "['blocks.3']"]),
     ({"order": 3}, ["order 3", "list of layer ids"]),
     ({"residency": "middle"}, ["residency 'middle'", "'leading', 'strided'"]),
-    ({"prefetch": -1}, ["prefetch -1", "≥ 0"]),
-    ({"prefetch": 1.5}, ["prefetch 1.5"]),
+    ({"prefetch": -1}, ["prefetch = -1", "≥ 0"]),
+    ({"prefetch": 1.5}, ["prefetch = 1.5"]),
     ({"resident": 5}, ["resident 5", "4 layers", "0..4"]),
     ({"resident": -1}, ["resident -1", "negative"]),
     ({"resident": 1.5}, ["resident 1.5", "(0, 1]"]),

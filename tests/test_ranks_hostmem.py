@@ -53,5 +53,5 @@ def test_bad_shared_by(bad):
 
 
 def test_bad_local_rank():
-    with pytest.raises(HostMemoryError, match="local_rank 4"):
+    with pytest.raises(HostMemoryError, match="local_rank = 4"):
         HostMemory(available="64GiB", shared_by=4, local_rank=4)

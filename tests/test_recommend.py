@@ -161,7 +161,7 @@ def test_front_is_not_dominated_and_the_frame_has_every_plan():
     for pid in (0, len(t) - 1):
         p = rec.plan_at(pid)
         assert p.ledger["device_peak_bytes"] == t.loc[pid, "device_peak_bytes"]
-    with pytest.raises(RecommendError, match="plan id 9999"):
+    with pytest.raises(RecommendError, match="plan id = 9999"):
         rec.plan_at(9999)
 
 

@@ -178,7 +178,7 @@ def test_staging_size_and_bad_options():
     p = offload_lab.plan(offload_lab.spec_of(model), tier="staged", host=HOST)
     with pytest.raises(OffloadError, match="issue 'early' is not one of"):
         offload(model, p, backend="cpu", issue="early").__enter__()
-    with pytest.raises(OffloadError, match="stage_threads 0 is not an int"):
+    with pytest.raises(OffloadError, match="stage_threads = 0; accepted: an int"):
         offload(model, p, backend="cpu", stage_threads=0).__enter__()
 
 

@@ -352,7 +352,7 @@ def test_save_refuses_meta_tensors(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"scale": 0}, "scale=0"),
+        ({"scale": 0}, "scale = 0"),
         ({"scale": 1.5}, r"\(0, 1\]"),
         ({"layers": 0}, "int ≥ 1"),
         ({"layers": {"nope": 2}}, "'nope'"),
@@ -380,7 +380,7 @@ def test_bad_arch_and_missing_tensor():
 
 def test_bad_inputs_and_paths(tmp_path):
     model = _small()
-    with pytest.raises(ValueError, match="tokens=0"):
+    with pytest.raises(ValueError, match="tokens = 0"):
         synthetic.example_inputs(model, tokens=0)
     with pytest.raises(ValueError, match="Linear"):
         synthetic.example_inputs(torch.nn.Linear(2, 2))

@@ -20,13 +20,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.checks import check_number
+from offload_lab.errors import OffloadLabError
 from offload_lab.record.run import TIERS, Run
 
 BANDWIDTH_COLUMNS = ["tier", "copies", "bytes", "copy_s", "gbps", "best_gbps"]
 _COPY_TIERS = ("pinned", "staged", "pageable", "mapped", "resident", "unknown")
 
 
-class AnalysisError(ValueError):
+class AnalysisError(OffloadLabError, ValueError):
     """Input that the analysis functions cannot read (not a Run, a bad bandwidth, ...)."""
 
 
@@ -159,11 +161,8 @@ def _profile_bandwidth(meta: dict[str, Any]) -> float | None:
 def _link_bandwidth(run: Run, bandwidth: float | None,
                     bw: pd.DataFrame | None = None) -> tuple[float | None, str]:
     if bandwidth is not None:
-        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) \
-                or not math.isfinite(bandwidth) or bandwidth <= 0:
-            raise AnalysisError(f"bandwidth {bandwidth!r} is not a link bandwidth; "
-                                f"expected a positive number of GB/s (1 GB = 1e9 bytes), e.g. 50.0")
-        return float(bandwidth), "given"
+        return check_number("bandwidth", bandwidth, above=0, error=AnalysisError,
+                            accepted="a positive number of GB/s (1 GB = 1e9 bytes), e.g. 50.0"), "given"
     bw = (bandwidth_by_tier(run) if bw is None else bw).set_index("tier")
     if "pinned" in bw.index:
         return float(bw.loc["pinned", "best_gbps"]), "best measured pinned"
@@ -307,8 +306,7 @@ def is_noisy(run: Run, limit: float = NOISY_SPREAD) -> bool:
     >>> is_noisy(offload_lab.simulate(plan, "h200", steps=3))
     False
     """
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 1:
-        raise AnalysisError(f"noise limit {limit!r} is not a ratio above 1; expected e.g. 1.5")
+    check_number("noise limit", limit, above=1, error=AnalysisError, accepted="a ratio above 1, e.g. 1.5")
     run = _check_run(run)
     spread = step_spread(run)
     return bool(not run.simulated and math.isfinite(spread) and spread > limit)

@@ -7,8 +7,8 @@ of the full-size model on reference device profiles; and writes one offline HTML
 
 Bad input (an unknown model or device, a bad size or tier, a missing or corrupt file) ends with
 exit status 2 and one line ``offload-lab: error: ...`` naming the value and what is accepted.
-Only the library's own errors (``ValueError`` subclasses defined in ``offload_lab``) and
-``OSError`` are turned into that line: anything else is a bug and keeps its traceback.
+Only the library's own errors (:class:`~offload_lab.OffloadLabError`) and ``OSError`` are
+turned into that line: anything else is a bug and keeps its traceback.
 
 Output files follow one rule (:mod:`offload_lab.cli.outputs`): an existing file is overwritten
 only with ``--force``, never when it is one of the command's inputs, and a directory, FIFO,
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from offload_lab import __version__
 from offload_lab.cli import calibrate, export
 from offload_lab.cli.outputs import FORCE_HELP
+from offload_lab.errors import OffloadLabError
 from offload_lab.planning.options import (
     MAX_LAYERS,
     MAX_PASSES,
@@ -63,7 +64,7 @@ DEMO_DEVICES = ("h200", "rtx4090-pcie4")
 SIM_HOST = "256GiB"
 
 
-class CliError(ValueError):
+class CliError(OffloadLabError, ValueError):
     """Command-line input the library could not check itself (a MODEL that is no model, ...)."""
 
 
@@ -362,13 +363,6 @@ def _add_catalog(sub: argparse._SubParsersAction, fmt: type) -> None:
 
 
 # -- entry point --------------------------------------------------------------------------------
-def _is_library_error(e: BaseException) -> bool:
-    # a ValueError raised *by offload-lab* is bad input, reported in one line; one from numpy,
-    # torch or our own arithmetic is a bug and must keep its traceback
-    return any(c.__module__.split(".")[0] == "offload_lab" for c in type(e).__mro__
-               if issubclass(c, ValueError))
-
-
 def _os_message(e: OSError) -> str:
     if e.filename is not None:
         return f"cannot use {str(e.filename)!r}: {e.strerror or e}"
@@ -406,9 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         sys.stderr.write(f"{PROG}: error: {_one_line(_os_message(e))}\n")
         return 2
-    except ValueError as e:
-        if not _is_library_error(e):
-            raise
+    except OffloadLabError as e:
+        # bad input the library refused on purpose; a ValueError from numpy, torch or our own
+        # arithmetic is a bug and keeps its traceback
         sys.stderr.write(f"{PROG}: error: {_one_line(str(e))}\n")
         return 2
 

@@ -14,12 +14,13 @@ import argparse
 from typing import Any
 
 from offload_lab.cli.outputs import FORCE_HELP, check_output, check_output_dir
+from offload_lab.errors import OffloadLabError
+from offload_lab.vocabulary import BACKENDS, CALIBRATION_TIERS
 
 __all__ = ["add_parser", "run", "CalibrateError", "TIERS"]
 
-#: the plans measured: pinned gives the DMA rate and compute beside copies, pageable the
-#: staged rate and whether those copies block the host
-TIERS = ("pinned", "pageable")
+#: the plans measured (:data:`offload_lab.vocabulary.CALIBRATION_TIERS`)
+TIERS = CALIBRATION_TIERS
 
 _EPILOG = """\
 examples:
@@ -33,7 +34,7 @@ counts are the model's 480p and 1,024 (two counts fit the launch floor of a bloc
 backend, the sized count only."""
 
 
-class CalibrateError(ValueError):
+class CalibrateError(OffloadLabError, ValueError):
     """A calibration the command cannot do: an unknown model, an output that exists, ..."""
 
 
@@ -59,7 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="width scale in (0, 1] (default: 1 on cuda, chosen to fit on cpu)")
     p.add_argument("--tokens", metavar="LIST",
                    help="comma-separated video token counts or resolutions (default: 480p,1024 on cuda)")
-    p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="where to run (default: cuda when available)")
     p.add_argument("-n", "--steps", type=_positive("steps"), default=3, metavar="N",
                    help="measured steps per run (default 3)")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from offload_lab.cli.outputs import FORCE_HELP, check_output
+from offload_lab.errors import OffloadLabError
 from offload_lab.writing import REGULAR, kind_of
 
 __all__ = ["FORMATS", "ExportError", "add_parser", "run", "default_out"]
@@ -31,7 +32,7 @@ RUN is a run saved by offload-lab profile / simulate or Run.save, or a torch.pro
 (.json, .json.gz). Open the file at https://ui.perfetto.dev or chrome://tracing."""
 
 
-class ExportError(ValueError):
+class ExportError(OffloadLabError, ValueError):
     """An export the command cannot do: a missing run, an output that exists, ..."""
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from offload_lab.checks import is_int
 from offload_lab.model.spec import ModelSpec, SpecError, TensorSpec, spec_from_named
 from offload_lab.reading import InputFileError, open_binary, read_bytes
 
@@ -125,10 +126,6 @@ def _read_exact(fh: IO[bytes], n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _entry(where: str, name: str, info: object, data_len: int) -> TensorEntry:
     """One header entry, checked: dtype known, dims and offsets ints in range, span = shape."""
     def bad(why: str) -> SpecError:
@@ -145,11 +142,11 @@ def _entry(where: str, name: str, info: object, data_len: int) -> TensorEntry:
     if not isinstance(shape, list) or len(shape) > MAX_DIMS:
         raise bad(f"has shape {_short(shape)}; expected a list of at most {MAX_DIMS} dimensions")
     for s in shape:
-        if not _is_int(s) or s < 0:
+        if not is_int(s) or s < 0:
             raise bad(f"has dimension {s!r} in shape {_short(shape)}; accepted: ints ≥ 0")
         if s > MAX_DIM:
             raise bad(f"has dimension {s} in its shape, past the limit of {MAX_DIM}")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(x) for x in offsets):
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_int(x) for x in offsets):
         raise bad(f"has data_offsets {_short(offsets)}; expected [begin, end], two ints")
     begin, end = offsets
     if begin < 0 or end < begin:

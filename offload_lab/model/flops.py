@@ -43,6 +43,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from offload_lab.checks import check_int
+from offload_lab.errors import OffloadLabError
 from offload_lab.model.spec import LayerSpec, ModelSpec, TensorSpec
 
 __all__ = ["FlopsError", "layer_flops", "forward_flops", "step_flops", "resolve_tokens"]
@@ -56,7 +58,7 @@ _QKV_LEAVES = {"qkv", "to_qkv", "qkv_proj", "qkv_linear", "in_proj"}
 _WAN_IMG_TOKENS = 257  # CLIP ViT-H/14 context of Wan2.1 I2V, when dims do not say
 
 
-class FlopsError(ValueError):
+class FlopsError(OffloadLabError, ValueError):
     """A token count the FLOPs model cannot use."""
 
 
@@ -76,19 +78,14 @@ def resolve_tokens(spec: ModelSpec, tokens: int | str) -> int:
             f"tokens {tokens!r} is not a resolution of {spec.name!r}; accepted: a positive int"
             + (f" or one of {sorted(table)}" if table else " (this spec names no resolutions)")
         )
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
-        raise FlopsError(
-            f"tokens must be a positive int or a resolution name {sorted(table)}, got {tokens!r}"
-        )
-    return tokens
+    return check_int("tokens", tokens, minimum=1, error=FlopsError,
+                     accepted=f"a positive int or a resolution name {sorted(table)}")
 
 
 def _text_tokens(spec: ModelSpec, text_tokens: int | None) -> int:
     if text_tokens is None:
         text_tokens = spec.meta.get("text_tokens", 0) or 0
-    if isinstance(text_tokens, bool) or not isinstance(text_tokens, int) or text_tokens < 0:
-        raise FlopsError(f"text_tokens must be an int >= 0 or None, got {text_tokens!r}")
-    return text_tokens
+    return check_int("text_tokens", text_tokens, minimum=0, error=FlopsError, accepted="an int ≥ 0 or None")
 
 
 def layer_flops(
@@ -104,8 +101,8 @@ def layer_flops(
     9.43
     """
     g = spec.group(group)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
-        raise FlopsError(f"layer {layer!r} is not in group {group!r}; accepted: 0..{g.num_layers - 1}")
+    check_int("layer", layer, minimum=0, maximum=g.num_layers - 1, error=FlopsError,
+              note=f"a layer of group {group!r}")
     return _layer_flops(spec, g.layers[layer], resolve_tokens(spec, tokens),
                         _text_tokens(spec, text_tokens))
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from offload_lab.checks import check_int
 from offload_lab.model.spec import (
     ModelSpec,
     SpecError,
@@ -89,8 +90,7 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         for what, v in (("steps", self.steps), ("passes", self.passes)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecError(f"{what} {v!r} must be an integer ≥ 1")
+            check_int(what, v, minimum=1, error=SpecError)
         if not self.components:
             raise SpecError(f"pipeline {self.name!r} has no torch component")
 

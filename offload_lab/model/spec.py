@@ -18,6 +18,8 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.checks import is_int
+from offload_lab.errors import OffloadLabError
 from offload_lab.writing import atomic_write
 
 # bytes per element, by the dtype names torch prints without the "torch." prefix
@@ -28,7 +30,7 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-class SpecError(ValueError):
+class SpecError(OffloadLabError, ValueError):
     """A model, file or group name that cannot be turned into a spec."""
 
 
@@ -43,7 +45,7 @@ class TensorSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape, tuple) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.shape
+            is_int(s) and s >= 0 for s in self.shape
         ):
             raise SpecError(
                 f"tensor {self.name!r} has shape {self.shape!r}; accepted: a tuple of ints ≥ 0"

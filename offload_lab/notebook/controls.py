@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from offload_lab.errors import OffloadLabError
 from offload_lab.planning.hostmem import HostMemory, resolve_host
 from offload_lab.planning.options import FORCED_TIERS, ORDERS, RESIDENCIES
 from offload_lab.units import SizeError, format_bytes
@@ -29,7 +30,7 @@ _TIERS_TIP = ("simulate this plan with every streamed layer pinned (as far as th
               "afford), then pageable, and add both to the comparison")
 
 
-class ExplorerError(ValueError):
+class ExplorerError(OffloadLabError, ValueError):
     """An argument PlanExplorer cannot use; the message names it and what is accepted."""
 
 

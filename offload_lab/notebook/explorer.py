@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from offload_lab.analysis import summary as analysis
+from offload_lab.checks import check_int
 from offload_lab.model.spec import ModelSpec
 from offload_lab.notebook.controls import (
     _TIERS_TIP,
@@ -104,8 +105,7 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
         if backend not in BACKENDS:
             raise ExplorerError(f"backend {backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
         for what, v, lo in (("steps", steps, 1), ("warmup", warmup, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_STEPS:
-                raise ExplorerError(f"{what} {v!r} is not accepted; expected an int in {lo}..{MAX_STEPS}")
+            check_int(what, v, minimum=lo, maximum=MAX_STEPS, error=ExplorerError)
         if tokens is not None:
             try:
                 tokens = parse_tokens(tokens)  # the same counts and resolutions as the CLI

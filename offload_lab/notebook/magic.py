@@ -36,6 +36,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
+from offload_lab.errors import OffloadLabError
 from offload_lab.planning.options import (
     STRATEGIES,
     add_plan_arguments,
@@ -62,7 +63,7 @@ _CPU_NOTE = ("cpu backend: there is no DMA engine and no page-locking on a CPU, 
 _PLOTLYJS_SENT = False  # plotly.js is inlined once per kernel process, see figure_html()
 
 
-class MagicArgumentError(UsageError, ValueError):
+class MagicArgumentError(OffloadLabError, UsageError, ValueError):
     """A bad option value for ``%offload_profile``; IPython shows it as a one-line usage error.
 
     >>> MagicArgumentError("--steps 0 is below 1")._render_traceback_()

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from offload_lab.checks import is_int
 from offload_lab.model.spec import ModelSpec
 from offload_lab.planning.errors import PlanError, PlanSizeError
 from offload_lab.units import SizeError, format_bytes, parse_size
@@ -66,7 +67,7 @@ def _resolve_tokens(spec: ModelSpec, tokens: int | str | None) -> int | None:
     if tokens is None:
         if isinstance(table, dict) and table:
             return int(min(table.values()))
-        return int(table) if isinstance(table, int) and not isinstance(table, bool) else None
+        return int(table) if is_int(table) else None
     from offload_lab.model.flops import FlopsError, resolve_tokens
 
     try:

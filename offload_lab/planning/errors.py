@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from offload_lab import checks
+from offload_lab.errors import OffloadLabError
 from offload_lab.units import SizeError
 
 __all__ = ["PlanError", "PlanSizeError", "PlanWarning", "check_choice"]
 
 
-class PlanError(ValueError):
+class PlanError(OffloadLabError, ValueError):
     """An argument the planner cannot use; the message names it and what is accepted."""
 
 
@@ -28,6 +30,4 @@ def check_choice(value: Any, what: str, accepted: Sequence[str], hint: str = "")
     >>> check_choice("leading", "residency", ("leading", "strided"))
     'leading'
     """
-    if not isinstance(value, str) or value not in accepted:
-        raise PlanError(f"{what} {value!r} is not one of {', '.join(map(repr, accepted))}{hint}")
-    return value
+    return checks.check_choice(what, value, accepted, error=PlanError, hint=hint)

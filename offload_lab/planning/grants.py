@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from offload_lab.checks import check_bool, check_int
 from offload_lab.model.spec import LayerSpec, ModelSpec
 from offload_lab.planning.errors import PlanError, PlanSizeError, check_choice
 from offload_lab.planning.options import FORCED_TIERS, RESIDENCIES
@@ -50,12 +51,8 @@ def _parse(value: Any, what: str) -> int:
 
 
 def _check_prefetch(prefetch: Any) -> int:
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise PlanError(
-            f"prefetch {prefetch!r} is not a layer count; expected an int ≥ 0 "
-            f"(0 = load at use, 1 = one layer ahead, ...)"
-        )
-    return prefetch
+    return check_int("prefetch", prefetch, minimum=0, error=PlanError,
+                     note="layers loaded ahead: 0 = load at use, 1 = one layer ahead, ...")
 
 
 def _check_tier(tier: Any) -> str | None:
@@ -125,9 +122,7 @@ def _build_unit(
     check_choice(residency, "residency", RESIDENCIES)
     prefetch = _check_prefetch(prefetch)
     tier = _check_tier(tier)
-    if not isinstance(staging, bool):
-        raise PlanError(f"staging {staging!r} is not a bool; expected True (unpinned streamed layers go "
-                        f"through pinned staging buffers when they fit) or False")
+    check_bool("staging", staging, error=PlanError)
     sets = resident_sets(spec, resident, residency)
     # init order: largest group first; sorted() is stable so equal groups keep declared order
     init_order = [g.name for g in sorted(spec.groups, key=lambda g: -g.bytes)]

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from offload_lab.checks import check_int, is_number
+from offload_lab.errors import OffloadLabError
 from offload_lab.units import format_bytes, parse_size
 
 __all__ = [
@@ -54,7 +56,7 @@ _STATUS_FIELDS = {
 _V1_UNLIMITED = 2**60
 
 
-class HostMemoryError(ValueError):
+class HostMemoryError(OffloadLabError, ValueError):
     """A host-memory description, ledger entry or rounding mode that cannot be used."""
 
 
@@ -291,16 +293,14 @@ def _resolve_share(shared_by: Any, local_rank: Any) -> tuple[list[float], int]:
             raise HostMemoryError(f"shared_by {shared_by} is not a rank count; expected {SHARED_BY_ACCEPTED}")
         weights = [1.0] * shared_by
     else:
-        if not shared_by or any(isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0
-                                or w == float("inf") for w in shared_by):
+        if not shared_by or any(not is_number(w) or not w > 0 for w in shared_by):
             raise HostMemoryError(f"shared_by {list(shared_by)!r:.80} is not one weight > 0 per local rank; "
                                   f"expected {SHARED_BY_ACCEPTED}")
         weights = [float(w) for w in shared_by]
     if local_rank is None:
         local_rank = detected_rank if detected_size == len(weights) else 0
-    if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < len(weights):
-        raise HostMemoryError(f"local_rank {local_rank!r} is not one of the {len(weights)} rank(s) sharing "
-                              f"the host; expected an int in [0, {len(weights) - 1}]")
+    local_rank = check_int("local_rank", local_rank, minimum=0, maximum=len(weights) - 1, error=HostMemoryError,
+                           note=f"one of the {len(weights)} rank(s) sharing the host")
     return weights, local_rank
 
 

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from offload_lab import vocabulary
+from offload_lab.errors import OffloadLabError
 from offload_lab.units import SizeError, parse_size
 
 __all__ = [
@@ -28,15 +30,14 @@ __all__ = [
     "parse_tiers", "parse_choice", "argparse_type", "add_plan_arguments", "add_run_arguments", "plan_kwargs",
 ]
 
-TIERS = ("resident", "pinned", "staged", "pageable", "mapped")
-FORCED_TIERS = ("pinned", "staged", "pageable", "mapped")
-ORDERS = ("execution", "reverse", "largest", "strided")
-#: when the runtime issues copies that block the host: behind the running block's kernels, or
-#: from the pre-hook after the copy stream waits for all queued compute (other runtimes' way)
-ISSUE_ORDERS = ("after-compute", "before-compute")
-RESIDENCIES = ("leading", "strided")
-STRATEGIES = ("grouped", "naive")
-BACKENDS = ("auto", "cuda", "cpu")
+# the names themselves live in offload_lab.vocabulary; these are the surfaces' spellings of them
+TIERS = vocabulary.TIERS
+FORCED_TIERS = vocabulary.FORCED_TIERS
+ORDERS = vocabulary.ORDERS
+ISSUE_ORDERS = vocabulary.ISSUE_ORDERS
+RESIDENCIES = vocabulary.RESIDENCIES
+STRATEGIES = vocabulary.INIT_STRATEGIES
+BACKENDS = vocabulary.BACKENDS
 #: run lengths past these are refused: a simulated step holds every interval in memory, and a
 #: run or a token count this large is a typo far more often than a wish
 MAX_STEPS = 1000
@@ -49,7 +50,7 @@ _ALL = ("all", "auto", "none")
 _LAYER_ID = re.compile(r"\d+|[A-Za-z_][\w.]*\.\d+")
 
 
-class OptionError(ValueError):
+class OptionError(OffloadLabError, ValueError):
     """An option value no surface accepts; the message names it and what is accepted."""
 
 

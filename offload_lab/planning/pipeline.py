@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.checks import check_int
 from offload_lab.model.pipeline import PipelineSpec
 from offload_lab.model.spec import ModelSpec
 from offload_lab.planning.errors import PlanError
@@ -60,11 +61,8 @@ class Component:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise PlanError(f"component name {self.name!r} must be a non-empty string")
-        if isinstance(self.uses, bool) or not isinstance(self.uses, int) or self.uses < 1:
-            raise PlanError(
-                f"component {self.name!r} uses {self.uses!r}; expected an int ≥ 1 (forward "
-                f"passes per request: steps × guidance passes for a DiT, 1 for an encoder)"
-            )
+        check_int(f"component {self.name!r}: uses", self.uses, minimum=1, error=PlanError,
+                  note="forward passes per request: steps × guidance passes for a DiT, 1 for an encoder")
 
     @property
     def score(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from offload_lab.checks import is_int
 from offload_lab.model.spec import ModelSpec
 from offload_lab.planning.errors import PlanError, check_choice
 from offload_lab.planning.options import ORDERS
@@ -116,7 +117,7 @@ def resident_sets(
                     raise PlanError(f"resident[{group!r}] {value!r} is not {accepted}")
                 idx = set()
                 for item in value:
-                    if isinstance(item, bool) or not isinstance(item, int):
+                    if not is_int(item):
                         raise PlanError(
                             f"resident[{group!r}] entry {item!r} is not a layer index 0..{n - 1}"
                         )

@@ -32,6 +32,8 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.checks import check_int
+from offload_lab.errors import OffloadLabError
 from offload_lab.record.run import FRAMES, Run, _read_frame, _read_head
 
 __all__ = ["gather", "merge_ranks", "rank_meta", "run_to_bytes", "run_from_bytes", "GatherError", "RANK_KEYS"]
@@ -43,7 +45,7 @@ RANK_KEYS = ("rank", "local_rank", "world_size", "node", "run", "label", "backen
 _MESSAGE_BYTES = 400
 
 
-class GatherError(RuntimeError):
+class GatherError(OffloadLabError, RuntimeError):
     """A rank failed, or the ranks' runs cannot be gathered; the message names the rank(s)."""
 
 
@@ -193,8 +195,7 @@ def gather(run: Run | None, dst: int = 0, group: Any = None, failed: BaseExcepti
     if failed is None and not isinstance(run, Run):
         raise GatherError(f"gather needs this rank's Run (or failed=the exception); got {type(run).__name__}")
     me, world = dist.get_rank(group), dist.get_world_size(group)
-    if not (isinstance(dst, int) and 0 <= dst < world):
-        raise GatherError(f"dst {dst!r} is not a rank of the group; expected an int in [0, {world - 1}]")
+    check_int("dst", dst, minimum=0, maximum=world - 1, error=GatherError, note="a rank of the group")
     dev = _device(dist, group)
     payload = b"" if failed is not None else run_to_bytes(run)
     note = "" if failed is None else f"{type(failed).__name__}: {failed}"

@@ -101,6 +101,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from offload_lab import vocabulary
+from offload_lab.errors import OffloadLabError
 from offload_lab.model.spec import find_layer_groups
 from offload_lab.planning.hostmem import file_backed_checker
 from offload_lab.record.probes import LayerUse, Probe, WatchedLayer
@@ -109,7 +111,7 @@ from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
 __all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
 
-BACKENDS = ("auto", "cuda", "cpu")
+BACKENDS = vocabulary.BACKENDS
 #: how many layers after the running one are snapshotted at each of its probes, so that a
 #: prefetch issued in layer i's hooks is seen (and timed) where it happens, not at its use
 LOOKAHEAD = 2
@@ -118,7 +120,7 @@ _TIER_RANK = {"mapped": 3, "pageable": 2, "unknown": 1, "pinned": 0}
 _OBSERVED: weakref.WeakSet = weakref.WeakSet()
 
 
-class ObserveError(ValueError):
+class ObserveError(OffloadLabError, ValueError):
     """A model, group list or backend that the observer cannot work with."""
 
 

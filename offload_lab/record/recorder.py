@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from offload_lab.checks import check_choice, check_int
 from offload_lab.planning.hostmem import HostMemory, process_memory
 from offload_lab.record.gather import rank_meta
 from offload_lab.record.run import Run
@@ -88,8 +89,7 @@ def resolve_device(backend: str, device: torch.device | str | None, accepted: tu
     >>> resolve_device("cpu", None, ("auto", "cuda", "cpu"), ValueError)
     ('cpu', device(type='cpu'))
     """
-    if backend not in accepted:
-        raise error(f"backend {backend!r} is not one of {accepted}")
+    check_choice("backend", backend, accepted, error=error)
     if backend == "auto":
         backend = "cuda" if torch.cuda.is_available() else "cpu"
     if backend == "cuda" and not torch.cuda.is_available():
@@ -382,8 +382,7 @@ class Recorder:
         """
         if self._backend is None:
             raise self._error(f"nothing recorded yet: enter {self._context} first")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise self._error(f"warmup {warmup!r} must be an integer ≥ 0")
+        check_int("warmup", warmup, minimum=0, error=self._error)
         self._backend.synchronize()
         r = self._backend.resolve
         marks, how = self._group_steps()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.checks import is_int
 from offload_lab.record.schema import (
     EVENT_COLUMNS,
     EVENT_DTYPES,
@@ -297,7 +298,7 @@ class Run:
         meta["steps_measured"] = len(bounds)
         layers, steps = summarize_layers(ev, plan_layers), summarize_steps(ev, bounds)
         rank = meta.get("rank")
-        if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+        if is_int(rank) and rank > 0:
             # one rank's own run of a torch.distributed job: its rows carry its rank
             ev, layers, steps = ev.assign(rank=rank), layers.assign(rank=rank), steps.assign(rank=rank)
             mem = pd.DataFrame(mem, columns=MEMORY_COLUMNS).assign(rank=rank)
@@ -462,7 +463,7 @@ def _read_head(z: zipfile.ZipFile, where: str) -> dict:
         raise RunFormatError(f"{where!r} is not an offload-lab run (format {head.get('format')!r:.60}, "
                              f"expected {FORMAT!r})")
     version = head.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+    if not is_int(version) or not 1 <= version <= FORMAT_VERSION:
         raise RunFormatError(f"{where!r}: run format version {version!r:.30} is not one this offload-lab "
                              f"reads (1 to {FORMAT_VERSION})")
     if "meta" not in head:

@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab import vocabulary
+from offload_lab.errors import OffloadLabError
+
 EVENT_COLUMNS = ["run", "step", "call", "group", "layer", "kind", "stream", "tier", "bytes", "start_s",
                  "end_s", "dur_s", "rank"]
 LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank",
@@ -22,10 +25,11 @@ STEP_COLUMNS = ["step", "calls", "wall_s", "compute_s", "copy_s", "stall_s", "ex
                 "bytes_moved", "rank"]
 MEMORY_COLUMNS = ["t_s", "device_bytes", "pinned_bytes", "anon_bytes", "mapped_bytes", "rank"]
 
-#: ``stage``: a host memcpy of a layer into a pinned staging buffer (on the ``host_copy`` stream)
-KINDS = ("copy", "compute", "wait", "host_block", "stage")
-STREAMS = ("copy", "compute", "host", "host_copy")
-TIERS = ("resident", "pinned", "pageable", "mapped", "staged", "unknown")
+#: the values of the events' ``kind`` and ``stream`` columns and of the ``tier`` columns
+#: (:mod:`offload_lab.vocabulary`; ``stage`` is a host memcpy into a pinned staging buffer)
+KINDS = vocabulary.EVENT_KINDS
+STREAMS = vocabulary.STREAMS
+TIERS = vocabulary.OBSERVED_TIERS
 
 EVENT_DTYPES = {
     "run": "string", "step": "int64", "call": "int64", "group": "string", "layer": "int64", "kind": "string",
@@ -99,7 +103,7 @@ _RULE_TEXT = {
 }
 
 
-class RunFormatError(ValueError):
+class RunFormatError(OffloadLabError, ValueError):
     """A file that is not a saved offload-lab run, or frames that break the contract."""
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.checks import is_number
 from offload_lab.record.intervals import busy_within, overlap_with_union
 from offload_lab.record.run import Run
 from offload_lab.simulation import gpu_effects
@@ -109,7 +110,7 @@ def tokens_of(run: Run) -> int | None:
     1024
     """
     t = run.meta.get("tokens") or (run.meta.get("gpu_check") or {}).get("tokens")
-    return int(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 else None
+    return int(t) if is_number(t) and t > 0 else None
 
 
 def spec_of_run(run: Run) -> Any:

@@ -63,12 +63,14 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.checks import check_choice, check_int
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
 from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, _Events
 from offload_lab.simulation.evidence import copy_class, evidence_of
 from offload_lab.simulation.layers import _Layer, _prepare
 from offload_lab.simulation.profile import DeviceProfile, names
+from offload_lab.vocabulary import TIERS
 
 __all__ = ["simulate"]
 
@@ -139,7 +141,7 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
                                       issue=issue)
 
     tiers = Counter(lay.tier for lay in info.values())
-    tier_s = ", ".join(f"{tiers[t]} {t}" for t in ("resident", "pinned", "staged", "pageable", "mapped")
+    tier_s = ", ".join(f"{tiers[t]} {t}" for t in TIERS
                        if t in tiers)
     pf = sorted(set(prefetch.values()))
     auto = f"{profile.name} · {tier_s} · prefetch {pf[0] if len(pf) == 1 else pf}"
@@ -225,18 +227,15 @@ from offload_lab.planning.options import ISSUE_ORDERS  # noqa: E402  (one list f
 
 
 def _check_issue(issue: Any, stage_threads: Any) -> None:
-    if issue not in ISSUE_ORDERS:
-        raise SimError(f"issue = {issue!r}; accepted: {', '.join(ISSUE_ORDERS)}")
-    if isinstance(stage_threads, bool) or not isinstance(stage_threads, int) or not 1 <= stage_threads <= 64:
-        raise SimError(f"stage_threads = {stage_threads!r}; accepted: an int in [1, 64]")
+    check_choice("issue", issue, ISSUE_ORDERS, error=SimError)
+    check_int("stage_threads", stage_threads, minimum=1, maximum=64, error=SimError)
 
 
 def _check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) -> None:
     """Refuse, in one line, what no real schedule asks for (the bounds say why)."""
     for what, v, lo, hi in (("steps", steps, 1, MAX_STEPS), ("passes", passes, 1, MAX_PASSES),
                             ("warmup", warmup, 0, MAX_STEPS - 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise SimError(f"{what} = {v!r}; accepted: an int in [{lo}, {hi}]")
+        check_int(what, v, minimum=lo, maximum=hi, error=SimError)
     if warmup >= steps:
         raise SimError(f"warmup = {warmup} drops every one of steps = {steps}; accepted: 0 <= warmup < steps")
     n_layers = sum(g.num_layers for g in spec.groups)
@@ -250,12 +249,10 @@ def _check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) 
         from offload_lab.model import flops
 
         n = flops.resolve_tokens(spec, tokens)
-    elif isinstance(tokens, bool) or not isinstance(tokens, int):
-        raise SimError(f"tokens = {tokens!r}; accepted: an int in [1, {MAX_TOKENS}] or a resolution name")
     else:
         n = tokens
-    if not 1 <= n <= MAX_TOKENS:
-        raise SimError(f"tokens = {tokens!r}; accepted: an int in [1, {MAX_TOKENS}] or a resolution name")
+    check_int("tokens", n, minimum=1, maximum=MAX_TOKENS, error=SimError,
+              accepted=f"an int in [1, {MAX_TOKENS}] or a resolution name")
 
 
 class _Walk:

@@ -14,10 +14,11 @@ import pandas as pd
 import pyarrow as pa
 
 from offload_lab.simulation.layers import _Layer
+from offload_lab.vocabulary import EVENT_KINDS
 
 #: kind codes, as the engine appends them, and the stream each kind runs on
 COPY, COMPUTE, WAIT, HOST_BLOCK, STAGE = 0, 1, 2, 3, 4
-_KINDS = ("copy", "compute", "wait", "host_block", "stage")
+_KINDS = EVENT_KINDS
 _STREAMS = ("copy", "compute", "compute", "host", "host_copy")
 _MOVES_BYTES = np.array([True, False, False, True, True])
 

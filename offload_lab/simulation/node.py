@@ -30,10 +30,10 @@ measured; its rule is written in its ``provenance``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from offload_lab.checks import check_int, check_number
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.profile import DeviceProfile
 
@@ -48,12 +48,8 @@ MAX_RANKS = 64
 
 
 def _gbps(name: str, value: Any, none_ok: bool = False) -> float | None:
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ProfileError(f"{name} = {value!r}; accepted: a finite number of GB/s > 0"
-                           + (" or None" if none_ok else ""))
-    return float(value)
+    return check_number(name, value, above=0, optional=none_ok, error=ProfileError,
+                        accepted="a finite number of GB/s > 0" + (" or None" if none_ok else ""))
 
 
 @dataclass
@@ -108,9 +104,7 @@ class NodeProfile:
 
 
 def _check_ranks(ranks: Any) -> int:
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
-        raise SimError(f"ranks_per_node = {ranks!r}; accepted: an int in [1, {MAX_RANKS}]")
-    return ranks
+    return check_int("ranks_per_node", ranks, minimum=1, maximum=MAX_RANKS, error=SimError)
 
 
 def node_bandwidths(device: DeviceProfile, node: NodeProfile, ranks: int) -> dict[str, float]:

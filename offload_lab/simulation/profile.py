@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from offload_lab import vocabulary
+from offload_lab.checks import check_choice, check_int, check_number, is_number
 from offload_lab.shipped import data_dir, searched
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.writing import atomic_write
@@ -21,15 +23,56 @@ from offload_lab.writing import atomic_write
 __all__ = ["DeviceProfile", "names", "BANDWIDTH_TIERS", "COMPUTE_MODES", "PROFILE_FORMAT"]
 
 #: bandwidth keys of a profile, in GB/s (1e9 bytes per second)
-BANDWIDTH_TIERS = ("pinned", "pageable", "mapped_warm", "mapped_cold")
-COMPUTE_MODES = ("async", "sync")
+BANDWIDTH_TIERS = vocabulary.BANDWIDTH_TIERS
+COMPUTE_MODES = vocabulary.COMPUTE_MODES
+PROVENANCE_KINDS = vocabulary.PROVENANCE_KINDS
 PROFILE_FORMAT = "offload-lab/device-profile"
 
 
-def _check_nonneg(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ProfileError(f"{name} = {value!r} is not a time; accepted: a finite number of seconds >= 0")
-    return float(value)
+_SECONDS = (check_number, {"minimum": 0, "accepted": "a finite number of seconds ≥ 0"})
+_RATE = (check_number, {"above": 0, "optional": True, "accepted": "GB/s > 0 or None"})
+
+
+def _flag(name: str, value: Any, error: type[Exception]) -> bool:
+    # profiles written before these were checked may hold 0/1; any truth value reads as a flag
+    return bool(value)
+
+
+def _share(note: str, hi: float = 1.0) -> tuple[Callable[..., Any], dict[str, Any]]:
+    return check_number, {"minimum": 0, "maximum": hi, "note": note}
+
+
+#: each scalar field of a profile and what it accepts: a checker of :mod:`offload_lab.checks`
+#: and its bounds, applied in this order by ``__post_init__`` (which stores the checked value)
+_FIELD_RULES: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+    **dict.fromkeys(("hook_s", "launch_s", "issue_s", "copy_latency_s", "step_head_s", "step_tail_s",
+                     "dispatch_s", "wake_s"), _SECONDS),
+    "tflops": (check_number, {"above": 0, "optional": True, "accepted": "achieved TFLOP/s > 0 or None"}),
+    "tokens": (check_int, {"minimum": 1, "optional": True, "accepted": "a positive int or None"}),
+    "step_error": (check_number, {"minimum": 0, "below": 1, "optional": True,
+                                  "note": "a relative error: 0.05 = ±5 %"}),
+    "compute_mode": (check_choice, {"choices": COMPUTE_MODES}),
+    "contention": _share("0 = copies and compute do not slow each other, 1 = they take turns"),
+    "copy_priority": _share("the copy's share of a contended machine"),
+    "copy_slowdown": _share("0.1 = a block 10 % longer with a copy beside it throughout"),
+    "idle_speedup": _share("0.08 = a block 8 % faster after an idle gap as long as itself", 0.5),
+    "idle_tau_s": (check_number, {"above": 0, "accepted": "seconds > 0",
+                                  "note": "the idle gap at which a block has gained 63 % of idle_speedup"}),
+    "memory_bytes": (check_int, {"minimum": 1, "optional": True,
+                                 "accepted": "a positive int of bytes or None (unknown)"}),
+    "host_memcpy_gbps": _RATE,
+    "host_memcpy_max_gbps": _RATE,
+    "pageable_blocks_host": (_flag, {}),
+    "mapped_blocks_host": (_flag, {}),
+}
+#: fields modelled for one compute mode only: a non-zero value under the other is refused
+_MODE_ONLY = {
+    "copy_slowdown": ("async", "it is modelled for 'async' (a GPU) only; the cpu backend has contention"),
+    "idle_speedup": ("async", "it is modelled for 'async' (a GPU) only; the cpu backend has contention"),
+    "dispatch_s": ("sync", "thread hand-offs are modelled for 'sync' only (use 0)"),
+    "wake_s": ("sync", "thread hand-offs are modelled for 'sync' only (use 0)"),
+    "contention": ("sync", "contention is modelled for 'sync' only (use 0)"),
+}
 
 
 @dataclass
@@ -120,88 +163,33 @@ class DeviceProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ProfileError(f"profile name {self.name!r} is not a non-empty string")
+        where = f"profile {self.name!r}"
         if not isinstance(self.bandwidths, dict):
             raise ProfileError(f"bandwidths {self.bandwidths!r} is not a dict of tier -> GB/s; "
                                f"tiers: {list(BANDWIDTH_TIERS)}")
-        bws = {}
-        for tier, gbps in self.bandwidths.items():
+        for tier in self.bandwidths:
             if tier not in BANDWIDTH_TIERS:
-                raise ProfileError(f"profile {self.name!r}: unknown bandwidth tier {tier!r}; "
-                                   f"accepted: {list(BANDWIDTH_TIERS)}")
-            if (isinstance(gbps, bool) or not isinstance(gbps, (int, float))
-                    or not math.isfinite(gbps) or gbps <= 0):
-                raise ProfileError(f"profile {self.name!r}: bandwidth {tier} = {gbps!r} GB/s; "
-                                   f"accepted: a finite number of GB/s > 0")
-            bws[tier] = float(gbps)
-        self.bandwidths = bws
-        for attr in ("hook_s", "launch_s", "issue_s", "copy_latency_s", "step_head_s", "step_tail_s",
-                     "dispatch_s", "wake_s"):
-            setattr(self, attr, _check_nonneg(f"profile {self.name!r}: {attr}", getattr(self, attr)))
-        self.compute_s = {str(k): _check_nonneg(f"profile {self.name!r}: compute_s[{k!r}]", v)
+                raise ProfileError(f"{where}: unknown bandwidth tier {tier!r}; accepted: {list(BANDWIDTH_TIERS)}")
+        self.bandwidths = {tier: check_number(f"{where}: bandwidth {tier}", gbps, above=0, error=ProfileError,
+                                              accepted="a finite number of GB/s > 0")
+                           for tier, gbps in self.bandwidths.items()}
+        self.compute_s = {str(k): check_number(f"{where}: compute_s[{k!r}]", v, minimum=0, error=ProfileError,
+                                               accepted="a finite number of seconds ≥ 0")
                           for k, v in dict(self.compute_s or {}).items()}
-        if self.tflops is not None:
-            t = self.tflops
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-                raise ProfileError(f"profile {self.name!r}: tflops = {t!r}; accepted: achieved TFLOP/s > 0 or None")
-            self.tflops = float(t)
-        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int)
-                                        or self.tokens <= 0):
-            raise ProfileError(f"profile {self.name!r}: tokens = {self.tokens!r}; accepted: a positive int or None")
         self.compute_curve = {str(k): _check_curve(self.name, k, v) for k, v in dict(self.compute_curve or {}).items()}
-        if self.step_error is not None:
-            e = self.step_error
-            if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or not 0 <= e < 1:
-                raise ProfileError(f"profile {self.name!r}: step_error = {e!r}; accepted: a relative error "
-                                   f"in [0, 1) (0.05 = ±5 %) or None")
-            self.step_error = float(e)
-        if self.compute_mode not in COMPUTE_MODES:
-            raise ProfileError(f"profile {self.name!r}: compute_mode {self.compute_mode!r}; "
-                               f"accepted: {list(COMPUTE_MODES)}")
-        for attr, what in (("contention", "0 = copies and compute do not slow each other, 1 = they take turns"),
-                           ("copy_priority", "the copy's share of a contended machine")):
-            v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: a number in [0, 1] ({what})")
-            setattr(self, attr, float(v))
-        for attr, hi, what in (("copy_slowdown", 1.0, "0.1 = a block 10 % longer with a copy beside it throughout"),
-                               ("idle_speedup", 0.5, "0.08 = a block 8 % faster after an idle gap as long as itself")):
-            v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
-                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: a number in [0, {hi:g}] ({what})")
-            if v and self.compute_mode != "async":
-                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r} with compute_mode {self.compute_mode!r}; "
-                                   f"it is modelled for 'async' (a GPU) only; the cpu backend has contention")
-            setattr(self, attr, float(v))
-        tau = self.idle_tau_s
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
-            raise ProfileError(f"profile {self.name!r}: idle_tau_s = {tau!r}; accepted: seconds > 0 "
-                               f"(the idle gap at which a block has gained 63 % of idle_speedup)")
-        self.idle_tau_s = float(tau)
-        cn = self.contention
-        for attr in ("dispatch_s", "wake_s"):
-            if getattr(self, attr) and self.compute_mode != "sync":
-                raise ProfileError(f"profile {self.name!r}: {attr} = {getattr(self, attr)!r} with compute_mode "
-                                   f"{self.compute_mode!r}; thread hand-offs are modelled for 'sync' only (use 0)")
-        if cn and self.compute_mode != "sync":
-            raise ProfileError(f"profile {self.name!r}: contention = {cn!r} with compute_mode "
-                               f"{self.compute_mode!r}; contention is modelled for 'sync' only (use 0)")
-        m = self.memory_bytes
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
-            raise ProfileError(f"profile {self.name!r}: memory_bytes = {m!r}; accepted: a positive int of "
-                               f"bytes or None (unknown)")
-        for attr in ("host_memcpy_gbps", "host_memcpy_max_gbps"):
-            v = getattr(self, attr)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or not math.isfinite(v) or v <= 0):
-                raise ProfileError(f"profile {self.name!r}: {attr} = {v!r}; accepted: GB/s > 0 or None")
-            setattr(self, attr, None if v is None else float(v))
+        for attr, (check, rule) in _FIELD_RULES.items():
+            setattr(self, attr, check(f"{where}: {attr}", getattr(self, attr), error=ProfileError, **rule))
+        for attr, (mode, why) in _MODE_ONLY.items():
+            if getattr(self, attr) and self.compute_mode != mode:
+                raise ProfileError(f"{where}: {attr} = {getattr(self, attr)!r} with compute_mode "
+                                   f"{self.compute_mode!r}; {why}")
         from offload_lab.simulation.evidence import check_regimes
 
         self.regimes = check_regimes(self.name, self.regimes)
         self.pageable_blocks_host = bool(self.pageable_blocks_host)
         self.mapped_blocks_host = bool(self.mapped_blocks_host)
-        if not isinstance(self.provenance, dict) or self.provenance.get("kind") not in ("measured", "estimated"):
-            raise ProfileError(f"profile {self.name!r}: provenance {self.provenance!r} needs kind "
+        if not isinstance(self.provenance, dict) or self.provenance.get("kind") not in PROVENANCE_KINDS:
+            raise ProfileError(f"{where}: provenance {self.provenance!r} needs kind "
                                f"'measured' (with machine, date) or 'estimated' (with sources)")
 
     # -- what the engine asks -------------------------------------------------------------------
@@ -386,7 +374,7 @@ class DeviceProfile:
 def _check_curve(name: str, kind: Any, v: Any) -> list[float]:
     """A compute curve entry ``[floor_s, tflops]``: a floor >= 0 s and a rate > 0 TFLOP/s."""
     ok = (isinstance(v, (list, tuple)) and len(v) == 2
-          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+          and all(is_number(x) for x in v)
           and v[0] >= 0 and v[1] > 0)
     if not ok:
         raise ProfileError(f"profile {name!r}: compute_curve[{kind!r}] = {v!r}; accepted: "

@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.checks import check_int
 from offload_lab.model.spec import ModelSpec
 from offload_lab.planning.device import activation_bytes, in_flight_bytes, parse_device_memory
 from offload_lab.planning.errors import PlanError, PlanWarning
@@ -42,13 +43,14 @@ from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.layers import _Layer
 from offload_lab.simulation.profile import DeviceProfile, names
 from offload_lab.units import format_bytes
+from offload_lab.vocabulary import RESIDENCIES
 
 __all__ = ["Recommendation", "recommend", "RecommendError", "PREFETCHES", "SEARCH_ORDERS", "COLUMNS"]
 
 #: prefetch depths searched: past 4 layers ahead a deeper queue only holds more device memory
 PREFETCHES = (0, 1, 2, 3, 4)
 SEARCH_ORDERS = ("execution", "strided", "largest", "reverse")
-RESIDENCY_PATTERNS = ("leading", "strided")
+RESIDENCY_PATTERNS = RESIDENCIES
 #: share of the full budget drawn on the front (the full budget is searched anyway)
 _BUDGET_SHARES = (0.0, 0.25, 0.5, 0.75)
 #: plans within this share of the fastest step count as tied; the tie goes to the smaller footprint
@@ -135,8 +137,8 @@ class Recommendation:
         >>> rec.plan_at(0) is rec.best
         True
         """
-        if isinstance(plan_id, bool) or not isinstance(plan_id, (int,)) or not 0 <= plan_id < len(self.plans):
-            raise RecommendError(f"plan id {plan_id!r} is not a row of this recommendation; accepted: 0..{len(self.plans) - 1}")
+        plan_id = check_int("plan id", plan_id, minimum=0, maximum=len(self.plans) - 1, error=RecommendError,
+                            note="a row of this recommendation")
         return self.plans[plan_id]
 
     @property
@@ -218,10 +220,8 @@ def _device_memory(profile: DeviceProfile, device_memory: Any) -> int:
 
 
 def _passes(calls_per_step: Any) -> int:
-    if isinstance(calls_per_step, bool) or not isinstance(calls_per_step, int) or not 1 <= calls_per_step <= 64:
-        raise RecommendError(f"calls_per_step = {calls_per_step!r}; accepted: an int in [1, 64] (forwards "
-                             f"per step: 2 with classifier-free guidance)")
-    return calls_per_step
+    return check_int("calls_per_step", calls_per_step, minimum=1, maximum=64, error=RecommendError,
+                     note="forwards per step: 2 with classifier-free guidance")
 
 
 # -- the search ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pandas as pd
 
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
+from offload_lab.vocabulary import ISSUE_ORDERS
 
 
 class _RunPlan:
@@ -57,7 +58,7 @@ def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
     prefetch = run.meta.get("prefetch", 1)
     plan = _RunPlan(spec, frame, prefetch if isinstance(prefetch, (int, dict)) else 1,
                     dict(run.meta.get("plan") or {}))
-    if run.meta.get("issue") in ("after-compute", "before-compute"):
+    if run.meta.get("issue") in ISSUE_ORDERS:
         plan.issue = run.meta["issue"]
     return spec, plan
 

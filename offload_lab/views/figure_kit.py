@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from offload_lab.errors import OffloadLabError
 from offload_lab.record.run import Run
 from offload_lab.views.text import (
     split_labels,
@@ -46,7 +47,7 @@ GIB = 2**30
 _FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
 
 
-class VizError(ValueError):
+class VizError(OffloadLabError, ValueError):
     """An argument a figure cannot draw (a step that was not measured, a wrong object type)."""
 
 

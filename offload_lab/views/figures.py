@@ -44,6 +44,7 @@ from offload_lab.views.text import (
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
+from offload_lab.checks import is_int
 from offload_lab.views.figure_kit import (  # noqa: F401  (names other modules import from here)
     _FONT,
     _TEMPLATE,
@@ -168,7 +169,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     ranks = sorted(set(run.layers["rank"].tolist()))
     lay = run.layers[run.layers["rank"] == ranks[0]] if len(ranks) > 1 else run.layers
     if step is not None:
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in steps_measured:
+        if not is_int(step) or int(step) not in steps_measured:
             raise VizError(f"step {step!r} was not measured in run {run.label!r}; "
                            f"accepted: one of {steps_measured} or None for all steps")
         ev = ev[ev["step"] == int(step)]

@@ -38,6 +38,7 @@ from offload_lab.analysis import summary
 from offload_lab.analysis.comparison import compare
 from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run, split_ranks
 from offload_lab.analysis.summary import as_runs
+from offload_lab.errors import OffloadLabError
 from offload_lab.record.run import Run
 from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
@@ -57,7 +58,7 @@ _CPU_NOTE = ("On the cpu backend there is no DMA engine and no page-locking: the
              "simulator on device profiles.")
 
 
-class ReportError(ValueError):
+class ReportError(OffloadLabError, ValueError):
     """Arguments a report cannot be built from or saved to."""
 
 

@@ -17,13 +17,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from offload_lab.checks import is_number
+from offload_lab.errors import OffloadLabError
 from offload_lab.units import format_bytes
 
 __all__ = ["TextError", "fmt_step", "step_band", "evidence_text", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
            "split_labels", "strip_simulated", "with_part", "text_table", "time_unit", "wrap"]
 
 
-class TextError(ValueError):
+class TextError(OffloadLabError, ValueError):
     """An argument the formatters cannot read (a table that is not a frame, ...)."""
 
 
@@ -240,7 +242,7 @@ def step_band(meta: Any) -> float | None:
     else:
         prof = meta.get("profile")
         e = prof.get("step_error") if isinstance(prof, dict) else None
-    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 else None
+    return float(e) if is_number(e) and e >= 0 else None
 
 
 def evidence_text(meta: Any) -> str:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import nn
 
+from offload_lab.checks import check_int, check_number
 from offload_lab.model.spec import ModelSpec, dtype_name
 from offload_lab.model.synthetic.dims import (
     H3Dims,
@@ -43,9 +44,7 @@ def _layer_counts(spec: ModelSpec, arch: str, layers: int | Mapping[str, int] | 
     for g, n in layers.items():
         if g not in counts:
             raise SyntheticError(f"layers names group {g!r}; groups of {spec.name!r}: {list(counts)}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise SyntheticError(f"layers[{g!r}] = {n!r}; accepted: an int ≥ 1")
-        out[g] = n
+        out[g] = check_int(f"layers[{g!r}]", n, minimum=1, error=SyntheticError)
     return out
 
 
@@ -139,11 +138,8 @@ def build(
     """
     if not isinstance(spec, ModelSpec):
         raise SyntheticError(f"build expects a ModelSpec, got {type(spec).__name__}; e.g. offload_lab.catalog.load(name)")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
-        raise SyntheticError(f"scale={scale!r}; accepted: a number in (0, 1]")
-    scale = float(scale)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise SyntheticError(f"seed={seed!r}; accepted: an int")
+    scale = check_number("scale", scale, above=0, maximum=1, error=SyntheticError)
+    check_int("seed", seed, error=SyntheticError)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):

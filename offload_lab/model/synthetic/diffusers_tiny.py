@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from offload_lab.checks import check_int
+
 #: the text embedding width of :func:`tiny_wan_pipeline`'s transformer
 TEXT_DIM = 64
 
@@ -29,8 +31,7 @@ def tiny_wan_pipeline(layers: int = 6, seed: int = 0) -> Any:
         WanTransformer3DModel,
     )
 
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers {layers!r} must be an integer ≥ 1")
+    check_int("layers", layers, minimum=1)
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=16,

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from offload_lab.errors import OffloadLabError
 from offload_lab.model.spec import ModelSpec
 
 ARCHS = ("wan", "h3")
@@ -13,7 +14,7 @@ _WAN_HEAD_DIM = 128  # Wan2.1 uses 128 for every size; its q/k norms span d, so 
 WAN_IMG_TOKENS = 257  # CLIP ViT-H/14 tokens fed to Wan2.1 I2V
 
 
-class SyntheticError(ValueError):
+class SyntheticError(OffloadLabError, ValueError):
     """A spec, argument or checkpoint that cannot become a synthetic model."""
 
 

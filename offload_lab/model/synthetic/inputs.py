@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from offload_lab.checks import check_int
 from offload_lab.model.synthetic.dims import WAN_IMG_TOKENS, H3Dims, SyntheticError, WanDims
 
 # known latent token grids (frames × h × w after patching), so examples look like real videos
@@ -54,13 +55,11 @@ def example_inputs(
     if not isinstance(dims, (WanDims, H3Dims)):
         raise SyntheticError(f"example_inputs needs a synthetic model (WanModel or H3Model), got {type(model).__name__}")
     for what, v in (("tokens", tokens), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SyntheticError(f"{what}={v!r}; accepted: an int ≥ 1")
+        check_int(what, v, minimum=1, error=SyntheticError)
     meta = getattr(model, "offload_spec_meta", {})
     if text_tokens is None:
         text_tokens = int(meta.get("text_tokens") or 512)
-    if isinstance(text_tokens, bool) or not isinstance(text_tokens, int) or text_tokens < 1:
-        raise SyntheticError(f"text_tokens={text_tokens!r}; accepted: an int ≥ 1")
+    check_int("text_tokens", text_tokens, minimum=1, error=SyntheticError)
     dev = torch.device(device) if device is not None else _model_device(model)
     if dev.type == "meta":
         dev = torch.device("cpu")
@@ -83,8 +82,7 @@ def example_inputs(
         return out
     if audio_tokens is None:
         audio_tokens = max(1, tokens // 8)
-    if isinstance(audio_tokens, bool) or not isinstance(audio_tokens, int) or audio_tokens < 0:
-        raise SyntheticError(f"audio_tokens={audio_tokens!r}; accepted: an int ≥ 0 (0 = no audio)")
+    check_int("audio_tokens", audio_tokens, minimum=0, error=SyntheticError, note="0 = no audio")
     out = {"x": randn(batch, dims.in_channels, *spatial), "t": t,
            "context": randn(batch, text_tokens, dims.cond_dim)}
     if audio_tokens:

@@ -91,6 +91,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from offload_lab.checks import is_int
 from offload_lab.record.kineto.build import NO_GROUP, NO_LAYER, _build
 from offload_lab.record.kineto.collect import (
     DEFAULT_LAYER_PATTERN,
@@ -143,7 +144,7 @@ def _import_dir(path: Path, label: str | None, layer_pattern: Any) -> Run:
         run = _import_file(f, None, layer_pattern)
         info = (run.meta.get("trace") or {}).get("distributedInfo")
         rank = info.get("rank") if isinstance(info, dict) else None
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        if not is_int(rank) or rank < 0:
             raise TraceFormatError(f"{f.name}: no rank in its distributedInfo ({info!r:.80}); a directory "
                                    f"import needs traces recorded under torch.distributed, one per rank")
         if rank in ranks:

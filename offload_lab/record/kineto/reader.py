@@ -12,6 +12,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
+from offload_lab.errors import OffloadLabError
 from offload_lab.reading import (
     MAX_TRACE_BYTES,
     InputFileError,
@@ -30,7 +31,7 @@ _LOW = 1 << 16        # refill before fewer than this many characters are left
 MAX_VALUE_CHARS = 64 << 20
 
 
-class TraceImportError(ValueError):
+class TraceImportError(OffloadLabError, ValueError):
     """A bad argument to :func:`from_torch_profiler` (input type, layer pattern, profiler state)."""
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from offload_lab.checks import check_bool, check_int
 from offload_lab.record.run import Run
 from offload_lab.record.runtime.backends import ISSUE_ORDERS
 from offload_lab.record.runtime.manager import (
@@ -112,14 +113,11 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
     >>> len(run.steps), run.meta["warmup_dropped"]
     (2, 1)
     """
-    if not isinstance(steps, int) or steps < 1:
-        raise OffloadError(f"steps {steps!r} must be an integer ≥ 1")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise OffloadError(f"warmup {warmup!r} must be an integer ≥ 0")
+    check_int("steps", steps, minimum=1, error=OffloadError)
+    check_int("warmup", warmup, minimum=0, error=OffloadError)
     if not callable(fn):
         raise OffloadError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
-    if not isinstance(gather, bool):
-        raise OffloadError(f"gather {gather!r} must be True or False")
+    check_bool("gather", gather, error=OffloadError)
     args = (model, fn, plan, steps, warmup, backend, device, init, label, progress, requests, issue,
             stage_threads)
     if not gather:
@@ -158,8 +156,7 @@ def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, wa
 def _profile_requests(pipe: Any, fn: Callable[[], Any], plan: Any, requests: int, warmup: int,
                       progress: Callable[[int, int], None] | None, **kwargs: Any) -> Run:
     """:func:`profile` of a pipeline: whole requests, steps from the pipeline's scheduler."""
-    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
-        raise OffloadError(f"requests {requests!r} must be an integer ≥ 1")
+    check_int("requests", requests, minimum=1, error=OffloadError)
     total = requests + warmup
     with offload(pipe, plan, **kwargs) as m:
         dropped = 0

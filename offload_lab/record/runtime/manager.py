@@ -12,7 +12,10 @@ import pandas as pd
 import torch
 from torch import nn
 
+from offload_lab import vocabulary
 from offload_lab.analysis.summary import tier_summary
+from offload_lab.checks import check_choice, check_int
+from offload_lab.errors import OffloadLabError
 from offload_lab.planning.hostmem import file_backed_checker, process_memory
 from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import ISSUE_ORDERS, CopyTicket, CpuBackend, CudaBackend
@@ -23,13 +26,13 @@ if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
 
 _ACTIVE: weakref.WeakSet = weakref.WeakSet()
-INIT_STRATEGIES = ("grouped", "naive")
+INIT_STRATEGIES = vocabulary.INIT_STRATEGIES
 MEMORY_SAMPLE_S = 0.002
-BACKENDS = ("auto", "cuda", "cpu")
+BACKENDS = vocabulary.BACKENDS
 MAX_STAGE_THREADS = 64
 
 
-class OffloadError(ValueError):
+class OffloadError(OffloadLabError, ValueError):
     """A model, plan or backend the manager cannot work with."""
 
 
@@ -78,13 +81,9 @@ class OffloadManager(Recorder):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
         if model in _ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
-        if init not in INIT_STRATEGIES:
-            raise OffloadError(f"init {init!r} is not one of {INIT_STRATEGIES}")
-        if issue not in ISSUE_ORDERS:
-            raise OffloadError(f"issue {issue!r} is not one of {ISSUE_ORDERS}")
-        if (isinstance(stage_threads, bool) or not isinstance(stage_threads, int)
-                or not 1 <= stage_threads <= MAX_STAGE_THREADS):
-            raise OffloadError(f"stage_threads {stage_threads!r} is not an int in 1..{MAX_STAGE_THREADS}")
+        check_choice("init", init, INIT_STRATEGIES, error=OffloadError)
+        check_choice("issue", issue, ISSUE_ORDERS, error=OffloadError)
+        check_int("stage_threads", stage_threads, minimum=1, maximum=MAX_STAGE_THREADS, error=OffloadError)
         backend, device = resolve_device(backend, device, BACKENDS, OffloadError)
         super().__init__()
         self.model, self.plan, self.device = model, plan, device
