@@ -152,7 +152,8 @@ def test_report_plan_that_is_no_file_is_one_line_exit_2(tmp_path, fifo, plan):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "--plan file" in lines[0] and "not a regular file" in lines[0], lines[0]
+    assert "--plan" in lines[0] and target in lines[0], lines[0]
+    assert ("FIFO" if plan == "fifo" else "character device") in lines[0], lines[0]
     assert not out.exists()
 
 

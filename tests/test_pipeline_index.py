@@ -198,7 +198,7 @@ def test_read_model_index_refuses_what_is_no_index(tmp_path):
     with pytest.raises(offload_lab.SpecError, match="holds a list; expected a JSON object"):
         read_model_index(p)
     p.write_text(" " * (2 << 20) + "{}")
-    with pytest.raises(offload_lab.SpecError, match="over 1048576 bytes"):
+    with pytest.raises(offload_lab.SpecError, match="over the cap of 1 MiB"):
         read_model_index(p)
     p.unlink()
     os.mkfifo(p)
