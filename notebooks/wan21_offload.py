@@ -98,13 +98,10 @@ pd.DataFrame(rows)
 
 # %%
 block = specs["wan2.1-t2v-14b"].group("blocks").layers[0]
-
-def part(name):
-    head = name.split(".")[0]
-    return {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "FFN"}.get(
-        head, "norms + modulation")
-
-parts = (pd.DataFrame([{"part": part(t.name), "bytes": t.nbytes} for t in block.tensors])
+# bytes_by_part: per name component after the layer prefix ("self_attn", "ffn", "norm3", ...)
+label = {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "FFN"}
+parts = (pd.DataFrame([{"part": label.get(p, "norms + modulation"), "bytes": b}
+                       for p, b in block.bytes_by_part().items()])
          .groupby("part", as_index=False)["bytes"].sum().sort_values("bytes"))
 fig = go.Figure(go.Bar(x=parts["bytes"] / 2**20, y=parts["part"], orientation="h",
                        text=[format_bytes(b) for b in parts["bytes"]], textposition="outside"))
