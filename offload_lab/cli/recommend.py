@@ -34,7 +34,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     spec, _ = resolve_spec(args.model)
     profile = _device_profile(args.device)
     rec = recommend(spec, profile, host=args.host_available, device_memory=args.device_memory,
-                    tokens=args.tokens, calls_per_step=args.calls, pin_budget=args.pin_budget)
+                    tokens=args.tokens, calls_per_step=args.calls, pin_budget=args.pin_budget,
+                    tolerance=args.tolerance)
     _say(rec.summary())
     _say(f"(step times SIMULATED on the {profile.provenance.get('kind', 'estimated')} profile "
          f"{profile.name!r}; device peaks are estimates; searched in {rec.search_s:.2f} s)")
