@@ -36,6 +36,24 @@ def test_leave_one_out_on_the_cpu_fixtures():
     assert t["tokens_err"].isna().all() and t["model_err"].isna().all()
 
 
+def test_the_cpu_prior_fitted_on_the_fixtures_takes_no_part(monkeypatch):
+    from offload_lab.simulation import calibration
+    from offload_lab.simulation.heldout import fit
+
+    runs = _fixture_runs()
+    a = held_out(runs, schemes=("loo",)).set_index("run")["loo_ms"]
+    # CPU_PRIOR was fitted on these very runs: a held-out fit must not read it
+    monkeypatch.setattr(calibration, "CPU_PRIOR", (0.5, 0.5))
+    b = held_out(runs, schemes=("loo",)).set_index("run")["loo_ms"]
+    assert list(b) == pytest.approx(list(a), rel=1e-9)
+    # the fold that lacks a contention side fits its prior on pairs of its own training runs
+    train = [r for n, r in runs.items() if n != "pinned-p2"]
+    prof = fit(train, runs["pinned-p2"].meta.get("model"), None)
+    assert prof.provenance["prior"].startswith("median of") and "training runs" in prof.provenance["prior"]
+    prior, how = calibration.contention_prior(train)
+    assert prior == calibration.contention_prior(list(reversed(train)))[0] and how == prof.provenance["prior"]
+
+
 def test_a_run_is_not_in_its_own_training_set():
     runs = _fixture_runs()
     name = "pinned-p1"
