@@ -376,3 +376,22 @@ def test_a_pipeline_searches_every_component():
     assert "components (rank order" in rec.summary() and "  enc: " in rec.summary()
     with pytest.raises(RecommendError, match="not a list of Components"):
         recommend([1, 2], "h200")
+
+
+def test_confirm_baseline_differs_from_a_best_that_is_the_default_baseline():
+    import dataclasses
+
+    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=4)
+    inputs = synthetic.example_inputs(model, tokens=64)
+    dev = DeviceProfile("cpu", {"pinned": 5, "pageable": 5, "mapped_warm": 5},
+                        compute_s={"blocks": 1e-3}, compute_mode="sync", memory_bytes=GiB)
+    rec = recommend(offload_lab.spec_of(model), dev, host="8GiB", tokens=64)
+    # where compute hides every pageable copy at prefetch 1 (Wan2.1-1.3B on the h200 profile)
+    # the best is the default baseline itself: confirm then compares with prefetch 0
+    pageable = offload_lab.plan(rec.spec, tier="pageable", prefetch=1, host=rec.host,
+                                device_memory=rec.device_memory, tokens=64)
+    rec = dataclasses.replace(rec, best=pageable)
+    c = rec.confirm(model, lambda: model(**inputs), steps=2, backend="cpu")
+    # runs: recommended measured, simulated, then the baseline's
+    assert [r.meta["prefetch"] for r in c.runs] == [1, 1, 0, 0]
+    assert c.calls_per_step == 1 and "1 call of fn" in c.summary()
