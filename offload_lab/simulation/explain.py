@@ -86,7 +86,9 @@ def explain(rec: Any, s: Any) -> str:
     if int(fastest["id"]) == int(b["id"]) or fastest["step_s"] >= b["step_s"]:
         text += f" It is the fastest plan tried; none within {tol} of it spends less."
     else:
-        text += (f" It is {(b['step_s'] / fastest['step_s'] - 1) * 100:.2f} % slower than the fastest plan tried "
+        behind = (b["step_s"] / fastest["step_s"] - 1) * 100
+        how = "It ties" if behind < 0.005 else f"It is {behind:.2f} % slower than"
+        text += (f" {how} the fastest plan tried "
                  f"(#{int(fastest['id'])}, {fastest['step_s']:.3f} s, {format_bytes(int(fastest['pinned_bytes']))} "
                  f"pinned, device peak {format_bytes(int(fastest['device_peak_bytes']))}); within {tol} of the "
                  f"fastest it pins the fewest host bytes, then holds the smallest device peak, then the fewest "
@@ -117,7 +119,8 @@ def explain(rec: Any, s: Any) -> str:
         text += " " + _versus(b, r, r["step_s"] <= limit, tol)
     rejected = int((~tried["fits"]).sum())
     if rejected:
-        text += f" {rejected} plan{'s' if rejected != 1 else ''} tried did not fit and were left out."
+        text += (f" {rejected} plan{'s' if rejected != 1 else ''} tried did not fit and "
+                 f"{'were' if rejected != 1 else 'was'} left out.")
     return text
 
 
