@@ -90,6 +90,13 @@ def test_the_shipped_h200_runs_are_predicted_across_model_sizes():
 def test_bad_input():
     with pytest.raises(SimError, match="non-empty dict"):
         held_out({})
+    run = _fixture_runs()["pinned-p1"]
+    for bad in ((2.0, 0.5), (0.5,), "even"):
+        with pytest.raises(SimError, match="prior") as e:
+            ol.calibrate(run, prior=bad)
+        assert "\n" not in str(e.value) and "accepted" in str(e.value)
+    # a prior given takes the place of CPU_PRIOR on the side no run shows
+    assert ol.calibrate(run, prior=(0.5, 0.5)).contention != ol.calibrate(run).contention
 
 
 def test_two_token_counts_recover_a_known_compute_curve():
