@@ -228,16 +228,16 @@ def step_text(step_s: float, calls: int, guidance: int | None = None) -> str:
     >>> step_text(30.52, 2)
     '15.260 s per call × 2 calls = 30.520 s/step'
     >>> step_text(15.26, 1, guidance=2)
-    '15.260 s/step (1 call; 2 calls with guidance: 30.520 s)'
+    '15.260 s/step (1 call; 2 calls with guidance: ≈ 30.520 s)'
     """
     if calls == 1:
         text = f"{step_s:.3f} s/step (1 call"
         if guidance and guidance != 1:
-            text += f"; {guidance} calls with guidance: {step_s * guidance:.3f} s"
+            text += f"; {guidance} calls with guidance: ≈ {step_s * guidance:.3f} s"
         return text + ")"
     text = f"{step_s / calls:.3f} s per call × {calls} calls = {step_s:.3f} s/step"
     if guidance and guidance != calls:
-        text += f" ({guidance} calls with guidance: {step_s / calls * guidance:.3f} s)"
+        text += f" ({guidance} calls with guidance: ≈ {step_s / calls * guidance:.3f} s)"
     return text
 
 
