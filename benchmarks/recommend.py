@@ -4,7 +4,8 @@
 
 1. ``recommend()`` for every catalog model on every shipped device profile: a 64 GiB host, the
    profile's own memory size, ``calls_per_step`` = the model's guidance passes (2). Wall-clock
-   median (and minimum) over ``--repeat`` searches, the plans tried and the best plan.
+   median (and minimum) over ``--repeat`` searches and the plans tried (the best plans are a
+   figure of ``scripts/doc_figures.py``: they do not depend on the machine).
 2. For each shipped GPU run that carries its plan: the planner's device-peak estimate (at the
    run's token count) next to the largest ``device_bytes`` sample the run recorded
    (``torch.cuda.memory_allocated`` above the manager's starting point, sampled between layers:
@@ -27,8 +28,10 @@ def _searches(repeat: int) -> None:
     import offload_lab
     from offload_lab import catalog
 
-    print("recommend() search time (host 64 GiB, device memory = the profile's, calls = guidance passes)")
-    print(f"{'model':<18} {'device':<15} {'median s':>9} {'min s':>7} {'plans':>6}  best")
+    print("recommend() search time (host 64 GiB, device memory = the profile's, calls = guidance passes, "
+          "tolerance 1 %)")
+    print("| model | device | median s | min s | plans tried |")
+    print("| --- | --- | ---: | ---: | ---: |")
     for model in catalog.names():
         spec = catalog.load(model)
         calls = int(spec.meta.get("guidance_passes", 1) or 1)
@@ -38,11 +41,8 @@ def _searches(repeat: int) -> None:
                 t0 = time.perf_counter()
                 rec = offload_lab.recommend(spec, dev, host="64GiB", calls_per_step=calls)
                 ts.append(time.perf_counter() - t0)
-            r = rec.best_row
-            best = ("nothing fits" if r is None else
-                    f"{int(r['resident_layers'])} resident, prefetch {int(r['prefetch'])}, "
-                    f"{r['step_s']:.2f} s/step (simulated), peak {r['device_peak_bytes'] / 2**30:.2f} GiB")
-            print(f"{model:<18} {dev:<15} {statistics.median(ts):>9.3f} {min(ts):>7.3f} {len(rec.tried):>6}  {best}")
+            print(f"| {model} | {dev} | {statistics.median(ts):.3f} | {min(ts):.3f} | {len(rec.tried)} |")
+    print("(the best plans: scripts/doc_figures.py, figure recommend-best)")
 
 
 def _peaks() -> None:

@@ -228,7 +228,8 @@ def recommend_check(dev, steps: int = 2, warmup: int = 1, tokens: int = 32760, d
                     log=print) -> tuple[list, dict]:
     """``recommend()`` on the H200 profile for the full-width Wan2.1-1.3B-shaped model with a
     device memory that holds only part of it, then ``rec.confirm`` on the cuda backend: the
-    recommended plan and the all-pageable baseline, predicted (simulated) vs measured step and
+    recommended plan and the all-pageable baseline (at prefetch 0 where the best is all pageable at
+    prefetch 1), predicted (simulated) vs measured step and
     device peak (``torch.cuda.max_memory_allocated``). About a minute on an H200."""
     import offload_lab
     from offload_lab import HostMemory, catalog, synthetic

@@ -96,6 +96,18 @@ def test_wan_tensor_names_follow_original_code():
     assert non["img_emb.proj.4.weight"] == (d,)
 
 
+def test_a_wan_block_by_part_has_every_part_and_sums_to_the_block():
+    block = catalog.load("wan2.1-t2v-14b").group("blocks").layers[0]
+    parts = block.bytes_by_part()
+    d, f = 5120, 13824
+    # bf16: four d x d projections with biases and two d-wide qk norms per attention
+    attn = 2 * (4 * (d * d + d) + 2 * d)
+    assert parts == {"ffn": 2 * (2 * f * d + f + d), "cross_attn": attn, "self_attn": attn,
+                     "modulation": 2 * 6 * d, "norm3": 2 * 2 * d}
+    assert sum(parts.values()) == block.bytes and len(parts) > 3
+    assert block.part_of("blocks.0.norm3.bias") == "norm3" and block.part_of("other.x") == "other"
+
+
 # -- MiniMax-H3 --------------------------------------------------------------------------------------
 def test_h3_groups_in_declared_order():
     spec = catalog.load("minimax-h3")

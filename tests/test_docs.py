@@ -109,3 +109,35 @@ def test_frames_page_lists_every_column_and_the_format():
                 "warmup_dropped", "profile", "passes"):
         assert key in run.meta and f"`{key}`" in page, key
     assert '"format": "offload-lab/run", "version": 1' in page
+
+
+def _doc_figures():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_figures", ROOT / "scripts" / "doc_figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("doc_figures", mod)  # its dataclass looks its module up there
+    spec.loader.exec_module(sys.modules["doc_figures"])
+    return sys.modules["doc_figures"]
+
+
+def test_figures_quoted_from_commands_are_current():
+    # the fast figures (h200 compute curve, recommend's best plans, the cli recommend sample);
+    # `scripts/doc_figures.py` rewrites them, `--check` (without --cheap) checks the rest too
+    figures = _doc_figures()
+    assert figures.run(figures.PAGES, check=True, cheap=True) == []
+    names = {m.group(1) for p in figures.PAGES for m in figures.MARK.finditer(p.read_text(encoding="utf-8"))}
+    assert names == set(figures.FIGURES)
+
+
+def test_a_stale_figure_is_named_and_rewritten(tmp_path):
+    figures = _doc_figures()
+    page = tmp_path / "page.md"
+    page.write_text("floor <!-- figures:h200-compute -->1.44 ms, 502 TFLOP/s<!-- /figures -->.\n", encoding="utf-8")
+    assert figures.run([page], check=True) == ["page.md: h200-compute"]
+    assert "1.44 ms" in page.read_text(encoding="utf-8")  # --check writes nothing
+    assert figures.run([page], check=False) == ["page.md: h200-compute"]
+    assert figures.run([page], check=True) == [] and "1.393 ms, 502.7 TFLOP/s" in page.read_text(encoding="utf-8")
+    page.write_text("<!-- figures:no-such -->x<!-- /figures -->", encoding="utf-8")
+    with pytest.raises(SystemExit, match="unknown figure 'no-such'"):
+        figures.run([page], check=True)

@@ -76,20 +76,87 @@ def _valid_plan(rec, args):
 
 
 @pytest.mark.parametrize("i", range(len(SCENARIOS)))
-@settings(max_examples=220, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(args=plan_args)
-def test_no_valid_plan_beats_the_recommendation(i, args):
+def test_no_valid_plan_beats_the_recommendation_by_more_than_the_tolerance(i, args):
     rec = rec_of(i)
     p = _valid_plan(rec, args)
     assume(p is not None and p.fits)
-    assert sim_step(p, rec.profile, rec.calls_per_step) >= rec.best_row["step_s"] * (1 - 0.005)
+    assert sim_step(p, rec.profile, rec.calls_per_step) >= rec.best_row["step_s"] / (1 + rec.tolerance) * (1 - 0.005)
+
+
+# -- the objective: the pace, then the least spent ---------------------------------------------------
+@cache
+def spent_rec(model):
+    return recommend(catalog.load(model), "rtx4090-pcie4", host="64GiB", device_memory="24GiB")
+
+
+@pytest.mark.parametrize("model", ["minimax-h3", "wan2.1-t2v-14b"])
+def test_nothing_tried_keeps_the_pace_with_fewer_pins(model):
+    rec = spent_rec(model)
+    t, b = rec.tried[rec.tried["fits"]], rec.best_row
+    keep = t[t["step_s"] <= t["step_s"].min() * (1 + rec.tolerance)]
+    assert rec.tolerance == 0.01 and int(b["id"]) in set(keep["id"])
+    assert not (keep["pinned_bytes"] < b["pinned_bytes"]).any()
+    near = t[t["step_s"] <= b["step_s"] * (1 + rec.tolerance)]  # within the tolerance of the best's step
+    assert not (near["pinned_bytes"] < b["pinned_bytes"]).any()
+    same = keep[keep["pinned_bytes"] == b["pinned_bytes"]]
+    assert not (same["device_peak_bytes"] < b["device_peak_bytes"]).any()
+    # the search tried the smallest footprints: nothing pinned, nothing resident
+    assert ((t["pinned_bytes"] == 0) & (t["resident_layers"] == 0)).any()
+
+
+@pytest.mark.parametrize("model", ["minimax-h3", "wan2.1-t2v-14b"])
+def test_a_pinning_best_beats_its_twin_that_pins_nothing(model):
+    rec = spent_rec(model)
+    best, b = rec.best, rec.best_row
+    twin = offload_lab.plan(rec.spec, pin_budget=0, resident=int(b["resident"]), residency=b["residency"],
+                            prefetch=best.prefetch, order=b["order"], host=rec.host,
+                            device_memory=rec.device_memory)
+    fastest = rec.tried.loc[rec.tried["fits"], "step_s"].min()
+    keeps = twin.fits and sim_step(twin, rec.profile) <= fastest * (1 + rec.tolerance)
+    if best.ledger["pinned_bytes"] > GiB:
+        assert not keeps
+    else:  # compute hides the copies on this card: the answer pins nothing and says so
+        assert keeps and best.ledger["pinned_bytes"] == 0
+        assert "compute-bound" in rec.explanation and "pinning buys nothing here" in rec.explanation
+        assert "of device memory free" in rec.explanation
+
+
+def test_tolerance_zero_is_the_fastest_and_bad_tolerance_is_one_line():
+    spec = catalog.load("wan2.1-t2v-1.3b")
+    rec = recommend(spec, "h200", host="64GiB", tolerance=0)
+    assert rec.best_row["step_s"] == rec.tried.loc[rec.tried["fits"], "step_s"].min()
+    loose = recommend(spec, "h200", host="64GiB")
+    assert loose.best.ledger["pinned_bytes"] <= rec.best.ledger["pinned_bytes"]
+    assert loose.best.ledger["device_peak_bytes"] <= rec.best.ledger["device_peak_bytes"]
+    for bad in (-0.1, 1.0, float("nan"), "1%", True):
+        with pytest.raises(RecommendError, match="tolerance") as e:
+            recommend(spec, "h200", host="64GiB", tolerance=bad)
+        assert "\n" not in str(e.value)
+
+
+def test_step_times_say_their_calls():
+    rec = recommend(catalog.load("wan2.1-t2v-14b"), "rtx4090-pcie4", host="64GiB", device_memory="24GiB",
+                    calls_per_step=2)
+    step = rec.best_row["step_s"]
+    assert f"{step / 2:.3f} s per call × 2 calls = {step:.3f} s/step" in rec.summary()
+    assert f"{step / 2:.3f} s per call × 2 calls = {step:.3f} s/step" in rec.explanation
 
 
 # -- truths -----------------------------------------------------------------------------------------
-def test_device_larger_than_the_model_keeps_every_layer_resident():
+SLOW = DeviceProfile("slow-link", {"pinned": 4.0, "pageable": 1.0, "mapped_warm": 1.0},
+                     tflops=2000.0, memory_bytes=24 * GiB)
+
+
+def test_device_larger_than_the_model_is_as_fast_as_every_layer_resident_when_copies_cost():
     spec = catalog.load("wan2.1-t2v-14b")
-    rec = recommend(spec, "rtx4090-pcie4", host="64GiB", device_memory=spec.total_bytes + 8 * GiB)
-    assert rec.best.tier_counts["resident"] == 40 and rec.best.ledger["device_in_flight_bytes"] == 0
+    rec = recommend(spec, SLOW, host="64GiB", device_memory=spec.total_bytes + 8 * GiB, tolerance=0)
+    every = offload_lab.plan(spec, resident=40, host="64GiB", pin_budget=0)
+    assert rec.best_row["step_s"] == pytest.approx(sim_step(every, SLOW), rel=1e-9)
+    # resident layers keep no pinned host copies they do not need; one layer streamed instead
+    # of resident, if it ties, is preferred (same peak, fewer residents)
+    assert rec.best.ledger["pinned_bytes"] == 0 and rec.best.tier_counts["resident"] >= 39
 
 
 def test_room_for_one_layer_in_flight_means_prefetch_0_else_nothing_fits():
@@ -113,8 +180,7 @@ def test_zero_pin_budget_pins_nothing():
 
 def test_on_a_copy_bound_device_pins_beat_prefetch_depth():
     spec = catalog.load("wan2.1-t2v-14b")
-    slow = DeviceProfile("slow-link", {"pinned": 4.0, "pageable": 1.0, "mapped_warm": 1.0},
-                         tflops=2000.0, memory_bytes=24 * GiB)
+    slow = SLOW
     rec = recommend(spec, slow, host="64GiB")
     best = rec.best
     streamed = best.layers[best.layers["streamed"]]
@@ -141,8 +207,9 @@ def test_on_a_copy_bound_device_pins_beat_prefetch_depth():
 def test_wan14b_on_a_24gib_card_with_64gib_host_is_a_real_answer():
     rec = rec_of(0)
     counts = rec.best.tier_counts
-    assert 0 < counts["resident"] < 40 and counts["resident"] + counts["pinned"] + counts["pageable"] + \
-        counts["mapped"] == 40
+    # compute-bound: every block streams, unpinned, and the step is the fastest plan's
+    assert counts["resident"] + counts["pinned"] + counts["pageable"] + counts["mapped"] == 40
+    assert counts["pinned"] == 0 and counts["resident"] < 40
     assert rec.best.ledger["device_peak_bytes"] <= 24 * GiB
     assert rec.search_s < 60  # a sanity bound only; the speed is measured by benchmarks/recommend.py
 
@@ -241,7 +308,7 @@ def test_cli_prints_the_wan14b_answer_and_writes_a_report(tmp_path, capsys):
     assert rc == 0 and out.exists() and 'id="recommendation"' in out.read_text()
     best = next(line for line in text.splitlines() if line.startswith("best:"))
     resident = int(best.split()[1])
-    assert 0 < resident < 40
+    assert 0 <= resident < 40 and "pinned 0 B" in best and "s/step (1 call)" in best
     peak = float(best.split("device peak ")[1].split()[0])
     assert peak <= 24.0 and "front" in text and "SIMULATED" in text
 
@@ -292,12 +359,41 @@ def test_explorer_recommend_sets_the_controls_and_a_click_loads_a_front_plan():
     assert ex.recommend().best is None and "No plan fits" in ex.message
 
 
-def test_a_pipeline_searches_its_top_ranked_component():
+def test_a_pipeline_searches_every_component():
     from offload_lab.planning.pipeline import Component
 
     comps = [Component("enc", catalog.load("wan2.1-t2v-1.3b"), uses=1),
              Component("dit", catalog.load("wan2.1-t2v-14b"), uses=100)]
     rec = recommend(comps, "rtx4090-pcie4", host="64GiB", device_memory="24GiB")
     assert rec.spec.name == "wan2.1-t2v-14b" and rec.fits
+    assert list(rec.components) == ["dit", "enc"] and rec.components["dit"] is rec
+    enc = rec.components["enc"]
+    assert enc.spec.name == "wan2.1-t2v-1.3b" and enc.fits
+    # the encoder was searched against what the DiT left: its device memory less the DiT's
+    # kept bytes and its transient, its host less the DiT's new bytes
+    led = rec.best.ledger
+    assert enc.device_memory == 24 * GiB - led["device_non_layer_bytes"] - led["device_resident_bytes"] - \
+        led["device_in_flight_bytes"] - led["device_activation_bytes"]
+    assert enc.host.headroom == rec.host.headroom - max(led["pinned_bytes"], led["net_anonymous_bytes"])
+    assert "components (rank order" in rec.summary() and "  enc: " in rec.summary()
     with pytest.raises(RecommendError, match="not a list of Components"):
         recommend([1, 2], "h200")
+
+
+def test_confirm_baseline_differs_from_a_best_that_is_the_default_baseline():
+    import dataclasses
+
+    model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=4)
+    inputs = synthetic.example_inputs(model, tokens=64)
+    dev = DeviceProfile("cpu", {"pinned": 5, "pageable": 5, "mapped_warm": 5},
+                        compute_s={"blocks": 1e-3}, compute_mode="sync", memory_bytes=GiB)
+    rec = recommend(offload_lab.spec_of(model), dev, host="8GiB", tokens=64)
+    # where compute hides every pageable copy at prefetch 1 (Wan2.1-1.3B on the h200 profile)
+    # the best is the default baseline itself: confirm then compares with prefetch 0
+    pageable = offload_lab.plan(rec.spec, tier="pageable", prefetch=1, host=rec.host,
+                                device_memory=rec.device_memory, tokens=64)
+    rec = dataclasses.replace(rec, best=pageable)
+    c = rec.confirm(model, lambda: model(**inputs), steps=2, backend="cpu")
+    # runs: recommended measured, simulated, then the baseline's
+    assert [r.meta["prefetch"] for r in c.runs] == [1, 1, 0, 0]
+    assert c.calls_per_step == 1 and "1 call of fn" in c.summary()

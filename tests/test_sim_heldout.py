@@ -36,6 +36,24 @@ def test_leave_one_out_on_the_cpu_fixtures():
     assert t["tokens_err"].isna().all() and t["model_err"].isna().all()
 
 
+def test_the_cpu_prior_fitted_on_the_fixtures_takes_no_part(monkeypatch):
+    from offload_lab.simulation import calibration
+    from offload_lab.simulation.heldout import fit
+
+    runs = _fixture_runs()
+    a = held_out(runs, schemes=("loo",)).set_index("run")["loo_ms"]
+    # CPU_PRIOR was fitted on these very runs: a held-out fit must not read it
+    monkeypatch.setattr(calibration, "CPU_PRIOR", (0.5, 0.5))
+    b = held_out(runs, schemes=("loo",)).set_index("run")["loo_ms"]
+    assert list(b) == pytest.approx(list(a), rel=1e-9)
+    # the fold that lacks a contention side fits its prior on pairs of its own training runs
+    train = [r for n, r in runs.items() if n != "pinned-p2"]
+    prof = fit(train, runs["pinned-p2"].meta.get("model"), None)
+    assert prof.provenance["prior"].startswith("median of") and "training runs" in prof.provenance["prior"]
+    prior, how = calibration.contention_prior(train)
+    assert prior == calibration.contention_prior(list(reversed(train)))[0] and how == prof.provenance["prior"]
+
+
 def test_a_run_is_not_in_its_own_training_set():
     runs = _fixture_runs()
     name = "pinned-p1"
@@ -72,6 +90,13 @@ def test_the_shipped_h200_runs_are_predicted_across_model_sizes():
 def test_bad_input():
     with pytest.raises(SimError, match="non-empty dict"):
         held_out({})
+    run = _fixture_runs()["pinned-p1"]
+    for bad in ((2.0, 0.5), (0.5,), "even"):
+        with pytest.raises(SimError, match="prior") as e:
+            ol.calibrate(run, prior=bad)
+        assert "\n" not in str(e.value) and "accepted" in str(e.value)
+    # a prior given takes the place of CPU_PRIOR on the side no run shows
+    assert ol.calibrate(run, prior=(0.5, 0.5)).contention != ol.calibrate(run).contention
 
 
 def test_two_token_counts_recover_a_known_compute_curve():

@@ -38,6 +38,7 @@ from offload_lab.planning.options import (
     MAX_LAYERS,
     MAX_PASSES,
     STRATEGIES,
+    OptionError,
     add_plan_arguments,
     add_run_arguments,
     argparse_type,
@@ -341,8 +342,24 @@ def _add_recommend(sub: argparse._SubParsersAction, fmt: type) -> None:
                    help="video tokens or a resolution (default: the model's smallest, 480p)")
     p.add_argument("--calls", type=_count("calls", 1, MAX_PASSES), default=1, metavar="N",
                    help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
+    p.add_argument("--tolerance", type=argparse_type(_parse_tolerance, "tolerance"), default=0.01, metavar="SHARE",
+                   help="plans within this share of the fastest step keep the pace, e.g. 0.01 or 1%% "
+                        "(default 0.01); among them the fewest pinned bytes, then the smallest device peak win")
     p.add_argument("--title", help="report title")
     _output(p, "write a report of the recommendation to PATH (default: print only)", metavar="PATH")
+
+
+def _parse_tolerance(text: str) -> float:
+    """``0.01`` or ``1%`` -> 0.01 (a share of the fastest step in [0, 1))."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise OptionError(f"tolerance {text!r} is not a number; accepted: a share in [0, 1) such as 0.01, "
+                         f"or a percentage such as 1%") from None
+    if not 0 <= v < 1:
+        raise OptionError(f"tolerance {text!r} is outside [0, 1); accepted: e.g. 0.01 or 1%")
+    return v
 
 
 def _add_report(sub: argparse._SubParsersAction, fmt: type) -> None:

@@ -32,7 +32,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     profile = _device_profile(args.device)
     # recommend() checks the sizes, tokens and calls; the search itself takes about a second
     rec = recommend(spec, profile, host=args.host_available, device_memory=args.device_memory,
-                    tokens=args.tokens, calls_per_step=args.calls, pin_budget=args.pin_budget)
+                    tokens=args.tokens, calls_per_step=args.calls, pin_budget=args.pin_budget,
+                    tolerance=args.tolerance)
     out = None
     if args.out is not None:  # looked at once every input has been read, before anything is printed
         out = check_output(args.out, args.force, inputs=[args.model, args.device], suffix=".html")

@@ -103,6 +103,32 @@ class LayerSpec:
             out[t.dtype] += t.nbytes
         return dict(out)
 
+    def part_of(self, tensor_name: str) -> str:
+        """The part of the block a tensor belongs to: the first name component after the
+        layer prefix (``blocks.0.self_attn.q.weight`` -> ``self_attn``); a tensor directly on
+        the block (``blocks.0.modulation``) is its own part.
+
+        >>> from offload_lab import catalog
+        >>> catalog.load("wan2.1-t2v-14b").group("blocks").layers[0].part_of("blocks.0.ffn.0.weight")
+        'ffn'
+        """
+        prefix = self.name + "."
+        rest = tensor_name[len(prefix):] if tensor_name.startswith(prefix) else tensor_name
+        return rest.split(".")[0]
+
+    def bytes_by_part(self) -> dict[str, int]:
+        """Bytes per part of the block (:meth:`part_of`), largest first; they sum to :attr:`bytes`.
+
+        >>> from offload_lab import catalog
+        >>> block = catalog.load("wan2.1-t2v-14b").group("blocks").layers[0]
+        >>> list(block.bytes_by_part())[:3]
+        ['ffn', 'cross_attn', 'self_attn']
+        """
+        out: dict[str, int] = defaultdict(int)
+        for t in self.tensors:
+            out[self.part_of(t.name)] += t.nbytes
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
 
 @dataclass
 class GroupSpec:

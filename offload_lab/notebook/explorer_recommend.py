@@ -99,7 +99,11 @@ class RecommendMixin:
             return rec
         self._show_front(rec)
         self.load_tried(int(rec.best_row["id"]))
-        self.message = (f"recommended (simulated on {rec.profile.name}): {rec.best_row['step_s']:.3f} s per step, "
+        from offload_lab.simulation.recommend import step_text
+
+        guidance = int(self.spec.meta.get("guidance_passes", 1) or 1)
+        self.message = (f"recommended (simulated on {rec.profile.name}): "
+                        f"{step_text(float(rec.best_row['step_s']), rec.calls_per_step, guidance)}, "
                         f"device peak {format_bytes(int(rec.best_row['device_peak_bytes']))} of "
                         f"{format_bytes(rec.device_memory)}")
         self._show_status()

@@ -18,7 +18,7 @@ from offload_lab.simulation.layers import _prepare
 from offload_lab.simulation.profile import DeviceProfile
 from offload_lab.simulation.runs import plan_of_run
 
-__all__ = ["calibrate", "CPU_PRIOR", "tokens_of", "spec_of_run"]
+__all__ = ["calibrate", "CPU_PRIOR", "contention_prior", "tokens_of", "spec_of_run"]
 
 #: (contention, copy_priority) assumed for a cpu run that cannot show its own: the two take
 #: turns and the copy goes first. Fitted on this project's fixture runs (tests/data/runs, a
@@ -29,7 +29,8 @@ CPU_PRIOR = (1.0, 1.0)
 
 def calibrate(run: Run | list[Run], name: str | None = None, contention: float | None = None,
               copy_priority: float | None = None, tokens: int | None = None,
-              match_steps: bool = True, effects_from: list[Run] | None = None) -> DeviceProfile:
+              match_steps: bool = True, effects_from: list[Run] | None = None,
+              prior: tuple[float, float] | None = None) -> DeviceProfile:
     """Fit a :class:`DeviceProfile` to a measured run, or to several runs of one model and machine.
 
     - **Bandwidth** per tier: the median of ``bytes / seconds`` over its copies; ``mapped_cold``
@@ -50,8 +51,9 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
       an engine copy (``contention * copy_priority``), and the copy per second of overlap with
       the host's work (``contention * (1 - copy_priority)``), are fitted from the same layer
       seen both alone and overlapped (e.g. a prefetch-0 and a prefetch-1 run passed together).
-      A side without that contrast takes :data:`CPU_PRIOR`; ``contention`` given here (with
-      ``copy_priority``, else the prior's) overrides both sides. Durations are de-rated to what
+      A side without that contrast takes ``prior`` (``(contention, copy_priority)``, default
+      :data:`CPU_PRIOR`; :func:`contention_prior` fits one on other runs); ``contention`` given
+      here (with ``copy_priority``, else the prior's) overrides both sides. Durations are de-rated to what
       each takes alone.
 
     ``provenance`` is ``measured`` with the backend, device, creation time and label of the runs.
@@ -79,6 +81,7 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     into the bandwidths) and ``step_tail_s`` (folded into ``step_head_s``).
     """
     runs, backend, sync = _check_runs(run, contention, copy_priority)
+    prior = _check_prior(prior)
     fx = None if sync else _fit_effects(_check_effect_runs(effects_from, runs, backend))
     counts: dict[int | None, int] = {}
     for r in runs:
@@ -87,11 +90,11 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
         # the most common token count; ties go to the larger (the operating point, not a probe)
         tokens = max(counts, key=lambda t: (counts[t], t or 0))
     at = [r for r in runs if tokens_of(r) in (tokens, None)] or runs
-    prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False, fx=fx)
-    curve = _fit_curve(runs, sync, contention, copy_priority, fx)
+    prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False, fx=fx, prior=prior)
+    curve = _fit_curve(runs, sync, contention, copy_priority, fx, prior)
     if len(at) < len(runs):
         # bandwidths do not depend on tokens: every run's copies count
-        every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False, fx=fx)
+        every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False, fx=fx, prior=prior)
         prof = prof.replace(bandwidths={**every.bandwidths})
     prof = prof.replace(compute_curve=curve)
     if fx is not None:
@@ -171,7 +174,8 @@ def _fit_effects(runs: list[Run]) -> gpu_effects.Effects:
 
 
 def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any,
-               fx: gpu_effects.Effects | None = None) -> dict[str, list[float]]:
+               fx: gpu_effects.Effects | None = None,
+               prior: tuple[float, float] = CPU_PRIOR) -> dict[str, list[float]]:
     """``{group: [floor_s, tflops], "*": ...}`` from each layer's median compute against its FLOPs."""
     from offload_lab.model import flops
 
@@ -181,7 +185,7 @@ def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any,
         if spec is None or tok is None:
             continue
         part = _observe(r, sync)
-        comp_d = _fit_contention(_gather([part]), sync, contention, copy_priority, fx)[0]
+        comp_d = _fit_contention(_gather([part]), sync, contention, copy_priority, fx, prior)[0]
         med = pd.Series(comp_d).groupby(pd.MultiIndex.from_tuples(part["comp_key"])).median()
         for (g, i), secs in med.items():
             try:
@@ -214,12 +218,13 @@ def _line(pts: list[tuple[float, float]]) -> list[float] | None:
 
 
 def _calibrate(runs: list[Run], name: str | None, contention: Any, copy_priority: Any,
-               tokens: int | None, match_steps: bool, fx: gpu_effects.Effects | None = None) -> DeviceProfile:
+               tokens: int | None, match_steps: bool, fx: gpu_effects.Effects | None = None,
+               prior: tuple[float, float] = CPU_PRIOR) -> DeviceProfile:
     """The fit of one token count's runs (see :func:`calibrate`)."""
     runs, backend, sync = _check_runs(runs, contention, copy_priority)
     parts = [_observe(r, sync) for r in runs]
     cat = _gather(parts)
-    comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority, fx)
+    comp_d, copy_d, c, prio, how = _fit_contention(cat, sync, contention, copy_priority, fx, prior)
     gaps = [_fit_host_gaps(r.events, r.steps) for r in runs]
     dispatch = np.concatenate([p["dispatch"] for p in parts])
     wake = np.concatenate([p["wake"] for p in parts])
@@ -250,6 +255,47 @@ def _calibrate(runs: list[Run], name: str | None, contention: Any, copy_priority
         notes=f"calibrated from {', '.join(repr(x) for x in labels)}",
     )
     return _match_steps(prof, runs) if match_steps else prof
+
+
+def _check_prior(prior: Any) -> tuple[float, float]:
+    if prior is None:
+        return CPU_PRIOR
+    ok = (isinstance(prior, (tuple, list)) and len(prior) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in prior))
+    if not ok:
+        raise SimError(f"prior {prior!r:.80}; accepted: (contention, copy_priority), each in [0, 1], or None")
+    return float(prior[0]), float(prior[1])
+
+
+def contention_prior(runs: list[Run]) -> tuple[tuple[float, float], str]:
+    """A ``(contention, copy_priority)`` prior fitted on ``runs`` alone, and how: the medians
+    over every pair of them that fits both sides (two runs of one plan at prefetch 0 and 1
+    usually do, where the whole set may not agree), else an even split ``(0.5, 0.5)`` that no
+    run decided. For a held-out fit, whose prior must not come from the run it predicts
+    (:data:`CPU_PRIOR` was fitted on this project's fixture runs).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> contention_prior([offload_lab.simulate(plan, "h200", steps=2)])
+    ((0.5, 0.5), 'even split (no pair of the runs shows both sides)')
+    """
+    import itertools
+
+    got = []
+    for a, b in itertools.combinations(runs, 2):
+        if a.backend != b.backend or a.meta.get("model") != b.meta.get("model"):
+            continue
+        try:
+            p = calibrate([a, b], match_steps=False)
+        except SimError:
+            continue
+        if p.compute_mode == "sync" and p.provenance.get("contention") == "fitted":
+            got.append((p.contention, p.copy_priority))
+    if not got:
+        return (0.5, 0.5), "even split (no pair of the runs shows both sides)"
+    return ((float(np.median([g[0] for g in got])), float(np.median([g[1] for g in got]))),
+            f"median of {len(got)} pair{'s' if len(got) != 1 else ''} of the training runs")
 
 
 def _check_runs(run: Any, contention: Any, copy_priority: Any) -> tuple[list[Run], str, bool]:
@@ -304,7 +350,8 @@ def _gather(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None, copy_priority: float | None,
-                    fx: gpu_effects.Effects | None = None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
+                    fx: gpu_effects.Effects | None = None,
+                    prior: tuple[float, float] = CPU_PRIOR) -> tuple[np.ndarray, np.ndarray, float, float, str]:
     """Compute and copy durations de-rated to what each takes alone, ``contention``,
     ``copy_priority`` and how they were found (sync mode; async runs' computes lose the
     fitted GPU effects ``fx`` instead, their copies keep theirs)."""
@@ -317,7 +364,7 @@ def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None, c
     eng = cat["copy_engine"]
     if contention is not None:
         c = float(contention)
-        prio = float(copy_priority) if copy_priority is not None else CPU_PRIOR[1]
+        prio = float(copy_priority) if copy_priority is not None else prior[1]
         s_h, s_k, how = c * prio, c * (1.0 - prio), "given"
     else:
         # how much longer the host's work (computes, blocking copies) and the engine's copies
@@ -330,8 +377,8 @@ def _fit_contention(cat: dict[str, Any], sync: bool, contention: float | None, c
         fitted = [n for n, v in (("host", s_h), ("copy", s_k)) if v is not None]
         how = ("fitted" if len(fitted) == 2 else f"{fitted[0]} side fitted, other prior" if fitted
                else "prior (no run shows the same layer both alone and overlapped)")
-        s_h = s_h if s_h is not None else CPU_PRIOR[0] * CPU_PRIOR[1]
-        s_k = s_k if s_k is not None else CPU_PRIOR[0] * (1.0 - CPU_PRIOR[1])
+        s_h = s_h if s_h is not None else prior[0] * prior[1]
+        s_k = s_k if s_k is not None else prior[0] * (1.0 - prior[1])
         c = min(1.0, s_h + s_k)
         prio = s_h / (s_h + s_k) if s_h + s_k > 0 else 0.5
     comp_d = comp_d - s_h * cat["comp_o"]

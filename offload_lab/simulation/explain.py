@@ -42,27 +42,67 @@ def _nothing_fits(rec: Any, s: Any) -> str:
 
 
 def explain(rec: Any, s: Any) -> str:
-    """The paragraph: the best, its bound, the runner-ups and what they give up."""
+    """The paragraph: the best and its step per call and per step, what bounds it (compute or
+    copies) and what that means, the device headroom left, why it beats the runner-ups, and —
+    when the simulator marks its prediction unconfirmed — what the before-compute order predicts."""
     if rec.best is None:
         return _nothing_fits(rec, s)
+    from offload_lab.simulation.recommend import step_text
+
     tried = rec.tried
     b = rec.best_row
-    bd = step_bound(s.timer, rec.best)
+    best = rec.best
+    calls = s.timer.passes
+    bd = step_bound(s.timer, best)
+    streamed = best.layers["streamed"]
+    pinned = int(b["pinned_bytes"])
     if bd["copy_s"] > bd["compute_s"]:
-        what = (f"copy-bound: its {int((rec.best.layers['streamed']).sum())} streamed layers move "
-                f"{format_bytes(int(rec.best.layers.loc[rec.best.layers['streamed'], 'bytes'].sum()) * s.timer.passes)} "
-                f"per step, {bd['copy_s']:.3f} s on the link against {bd['compute_s']:.3f} s of compute")
+        what = (f"It is copy-bound: its {int(streamed.sum())} streamed layers move "
+                f"{format_bytes(int(best.layers.loc[streamed, 'bytes'].sum()) * calls)} per step, "
+                f"{bd['copy_s']:.3f} s on the link against {bd['compute_s']:.3f} s of compute")
         if bd["blocking_s"] > 0:
-            what += f", {bd['blocking_s']:.3f} s of it in copies that block the host"
+            what += f" ({bd['blocking_s']:.3f} s of it in copies that block the host)"
+        what += ", so the link sets the pace: every layer made resident or pinned shortens the step."
     elif bd["copy_s"] > 0:
-        what = (f"compute-bound: {bd['compute_s']:.3f} s of compute hides {bd['copy_s']:.3f} s of copies")
+        what = (f"It is compute-bound: {bd['compute_s']:.3f} s of compute hides {bd['copy_s']:.3f} s of "
+                f"copies per step, so ")
+        what += (f"pinning buys nothing here (no plan tried is more than {rec.tolerance * 100:g} % faster)."
+                 if pinned == 0 else
+                 "the copies are not what costs time; its pins keep the ones that would block the host "
+                 "off the host thread.")
     else:
-        what = f"compute-bound with nothing streamed: {bd['compute_s']:.3f} s of compute"
+        what = (f"It is compute-bound with nothing streamed: {bd['compute_s']:.3f} s of compute per step, so "
+                f"pinning buys nothing here.")
+    peak = int(b["device_peak_bytes"])
     text = (f"Best of {len(tried)} plans ({int(tried['fits'].sum())} fit host and device): "
             f"{int(b['resident_layers'])} layers resident ({b['residency']}), prefetch {int(b['prefetch'])}, "
-            f"{format_bytes(int(b['pinned_bytes']))} pinned, device peak "
-            f"{format_bytes(int(b['device_peak_bytes']))} (estimate) of {format_bytes(rec.device_memory)}, "
-            f"{b['step_s']:.3f} s per step (simulated; bound {bd['bound_s']:.3f} s), {what}.")
+            f"{format_bytes(pinned)} pinned, device peak {format_bytes(peak)} (estimate) of "
+            f"{format_bytes(rec.device_memory)}, leaving {format_bytes(rec.device_memory - peak)} of device "
+            f"memory free; simulated {step_text(float(b['step_s']), calls)}, bound {bd['bound_s']:.3f} s. "
+            f"{what}")
+    ok = tried[tried["fits"]]
+    fastest = ok.loc[ok["step_s"].idxmin()]
+    tol = f"{rec.tolerance * 100:g} %"
+    if int(fastest["id"]) == int(b["id"]) or fastest["step_s"] >= b["step_s"]:
+        text += f" It is the fastest plan tried; none within {tol} of it spends less."
+    else:
+        behind = (b["step_s"] / fastest["step_s"] - 1) * 100
+        how = "It ties" if behind < 0.005 else f"It is {behind:.2f} % slower than"
+        text += (f" {how} the fastest plan tried "
+                 f"(#{int(fastest['id'])}, {fastest['step_s']:.3f} s, {format_bytes(int(fastest['pinned_bytes']))} "
+                 f"pinned, device peak {format_bytes(int(fastest['device_peak_bytes']))}); within {tol} of the "
+                 f"fastest it pins the fewest host bytes, then holds the smallest device peak, then the fewest "
+                 f"resident layers.")
+    if pinned:
+        from offload_lab.planning.planner import pinned_footprint
+
+        pow2 = pinned_footprint(best, "pow2")
+        if pow2 != pinned:
+            text += (f" Pinned through a caching allocator that rounds each layer's store up to a power of two, "
+                     f"its pins would lock {format_bytes(pow2)}"
+                     + (f", more than the host can spend ({format_bytes(rec.host.spendable)})."
+                        if pow2 > rec.host.spendable else "."))
+    text += _evidence(rec)
     others = tried[tried["fits"] & ~tried["best"]].sort_values("step_s")
     seen = set()
     ups = []
@@ -74,15 +114,31 @@ def explain(rec: Any, s: Any) -> str:
         ups.append(r)
         if len(ups) == 2:
             break
+    limit = fastest["step_s"] * (1 + rec.tolerance) * (1 + 1e-12)
     for r in ups:
-        text += " " + _versus(b, r)
+        text += " " + _versus(b, r, r["step_s"] <= limit, tol)
     rejected = int((~tried["fits"]).sum())
     if rejected:
-        text += f" {rejected} plan{'s' if rejected != 1 else ''} tried did not fit and were left out."
+        text += (f" {rejected} plan{'s' if rejected != 1 else ''} tried did not fit and "
+                 f"{'were' if rejected != 1 else 'was'} left out.")
     return text
 
 
-def _versus(b: Any, r: Any) -> str:
+def _evidence(rec: Any) -> str:
+    """A sentence when the simulator marks the best plan's prediction unconfirmed: the step the
+    before-compute issue order predicts for the same plan (the other order the runtime has)."""
+    from offload_lab.simulation.engine import simulate
+
+    kw = {"steps": 2, "tokens": rec.tokens, "passes": rec.calls_per_step}
+    ev = simulate(rec.best, rec.profile, **kw).meta.get("evidence") or {}
+    if not isinstance(ev, dict) or ev.get("status") != "unconfirmed":
+        return ""
+    other = simulate(rec.best, rec.profile, issue="before-compute", **kw)
+    return (f" No measured run confirms this prediction (evidence: unconfirmed); with copies issued "
+            f"before compute the same plan is predicted at {float(other.steps['wall_s'].iloc[-1]):.3f} s per step.")
+
+
+def _versus(b: Any, r: Any, keeps: bool, tol: str) -> str:
     slower = (r["step_s"] / b["step_s"] - 1) * 100 if b["step_s"] > 0 else 0.0
     why = []
     dr = int(r["resident_layers"]) - int(b["resident_layers"])
@@ -100,9 +156,13 @@ def _versus(b: Any, r: Any) -> str:
     if r["order"] != b["order"]:
         why.append(f"order {r['order']}")
     diff = ", ".join(why) or "the same placement"
-    if slower < 0.1:
-        return (f"Runner-up #{int(r['id'])} ({diff}) ties it at {r['step_s']:.3f} s; the best holds "
-                f"{format_bytes(int(b['device_peak_bytes']))} of device memory against "
-                f"{format_bytes(int(r['device_peak_bytes']))} (ties go to the smaller device peak, then "
-                f"fewer pinned bytes).")
-    return f"Runner-up #{int(r['id'])} ({diff}) is {slower:.1f} % slower at {r['step_s']:.3f} s."
+    if not keeps:
+        return f"Runner-up #{int(r['id'])} ({diff}) is {slower:.1f} % slower at {r['step_s']:.3f} s."
+    if dp > 0:
+        cost = f"pins {format_bytes(dp)} more"
+    elif int(r["device_peak_bytes"]) > int(b["device_peak_bytes"]):
+        cost = (f"holds {format_bytes(int(r['device_peak_bytes']))} of device memory against "
+                f"{format_bytes(int(b['device_peak_bytes']))}")
+    else:
+        cost = "keeps more layers resident"
+    return (f"Runner-up #{int(r['id'])} ({diff}) keeps the pace at {r['step_s']:.3f} s (within {tol}) but {cost}.")

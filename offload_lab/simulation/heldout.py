@@ -16,7 +16,10 @@ comes from the run's own model when it is in the training set (at the run's toke
 training run has them), else the other model's compute curve; bandwidths are the medians over
 the models that copied from that tier. A mapped rate no training run measured is taken at the
 pageable rate (mapped pages reach the device through the same pageable staging path); a run
-whose tier no training run copied from at all is ``n/a``. Only measured runs take part: observed
+whose tier no training run copied from at all is ``n/a``. On the cpu backend a contention side
+that no training run shows alone and overlapped takes a prior fitted on the training runs
+(:func:`~offload_lab.simulation.calibration.contention_prior`), never :data:`CPU_PRIOR`, which
+was fitted on the cpu fixtures and would let the held-out run into its own prediction. Only measured runs take part: observed
 runs (backend ``observe``) did not have their copies driven by the manager, and simulated ones
 would test the simulator against itself, so :func:`held_out` skips both with a warning naming
 them (``table.attrs["skipped"]``).
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.simulation.calibration import spec_of_run, tokens_of
+from offload_lab.simulation.calibration import contention_prior, spec_of_run, tokens_of
 from offload_lab.simulation.errors import SimError
 
 __all__ = ["held_out", "SCHEMES"]
@@ -49,6 +52,12 @@ def fit(train: list[Any], model: str, tokens: int | None) -> Any:
         have = {tokens_of(r) for r in rs}
         # the GPU's block effects (copy beside, idle before) are the device's: every training run
         profs[m] = calibrate(rs, tokens=tokens if tokens in have else None, effects_from=train)
+        if profs[m].compute_mode == "sync" and profs[m].provenance.get("contention") not in ("fitted", "given"):
+            # a side without its contrast: its prior from the training runs, not CPU_PRIOR
+            # (fitted on the cpu fixtures, so it would carry the held-out run into its own fit)
+            prior, how = contention_prior(rs)
+            profs[m] = calibrate(rs, tokens=tokens if tokens in have else None, effects_from=train, prior=prior)
+            profs[m] = profs[m].replace(provenance={**profs[m].provenance, "prior": how})
     if model in profs:
         base = profs[model]
     else:

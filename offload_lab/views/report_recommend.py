@@ -20,17 +20,20 @@ __all__ = ["recommendation_data", "front_figure"]
 
 def recommendation_data(rec: Any, confirmation: Any) -> dict[str, Any]:
     """What the template shows of a Recommendation (and its Confirmation, if any)."""
+    from offload_lab.simulation.recommend import step_text
+
     front = []
     for _, r in rec.front.iterrows():
         front.append({
             "id": str(int(r["id"])), "residency": str(r["residency"]), "resident": str(int(r["resident_layers"])),
             "prefetch": str(int(r["prefetch"])), "order": str(r["order"]), "tier": str(r["tier"] or "planner"),
-            "step": f"{r['step_s']:.3f} s", "pinned": format_bytes(int(r["pinned_bytes"])),
+            "step": step_text(float(r["step_s"]), rec.calls_per_step), "pinned": format_bytes(int(r["pinned_bytes"])),
             "peak": format_bytes(int(r["device_peak_bytes"])), "best": "best" if r["best"] else "",
         })
     head = (f"{rec.spec.name} on {rec.profile.name}: device memory {format_bytes(rec.device_memory)}, host "
             f"available {format_bytes(rec.host.available)}; {len(rec.tried)} plans tried, "
-            f"{int(rec.tried['fits'].sum())} fit")
+            f"{int(rec.tried['fits'].sum())} fit; {rec.calls_per_step} call{'s' if rec.calls_per_step != 1 else ''} "
+            f"per step; plans within {rec.tolerance * 100:g} % of the fastest keep the pace")
     conf = []
     if confirmation is not None:
         for _, r in confirmation.table.iterrows():
@@ -60,7 +63,8 @@ def front_figure(rec: Any) -> Any:
                                            "colorbar": {"title": "device peak GiB"}},
             text=[f"#{int(i)}: {int(k)} resident ({res}), prefetch {int(p)}" for i, k, res, p in
                   zip(part["id"], part["resident_layers"], part["residency"], part["prefetch"])],
-            hovertemplate="%{text}<br>%{y:.3f} s/step, pinned %{x:.2f} GiB<extra></extra>"))
+            hovertemplate=f"%{{text}}<br>%{{y:.3f}} s/step ({rec.calls_per_step} call"
+                          f"{'s' if rec.calls_per_step != 1 else ''}), pinned %{{x:.2f}} GiB<extra></extra>"))
     fig.update_layout(title=f"plans that fit: step time vs pinned host memory (simulated on {rec.profile.name})",
                       xaxis_title="pinned host memory (GiB)", yaxis_title="step (s, simulated)", height=360)
     return fig
