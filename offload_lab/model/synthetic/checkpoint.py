@@ -19,6 +19,7 @@ from offload_lab.model.synthetic.dims import ARCHS, SyntheticError, arch_of, dim
 from offload_lab.model.synthetic.weights import set_tensor
 
 DEFAULT_SHARD_BYTES = 4 * 2**30
+"""Largest safetensors shard ``save`` writes (4 GiB) before starting another."""
 _META_KEY = "offload_lab"
 
 # torch dtype -> safetensors code, for the dtypes this torch build has
