@@ -68,6 +68,7 @@ from offload_lab.planning.grants import (
 from offload_lab.planning.hostmem import HostMemory, HostMemoryError, resolve_host, rounded_size
 from offload_lab.planning.options import FORCED_TIERS, ORDERS, RESIDENCIES, STRATEGIES, TIERS
 from offload_lab.units import SizeError, format_bytes
+from offload_lab.views.keyed import PlanTable
 
 if TYPE_CHECKING:
     from offload_lab.planning.pipeline import PipelinePlan
@@ -212,8 +213,6 @@ class Plan:
         layer, tier, pin rank and reason in view on a narrow terminal; ``mapped`` is the bytes
         a ``mapped`` layer reads from its checkpoint file (empty for the other tiers).
         """
-        from offload_lab.views.keyed import PlanTable  # pandas only: cheap, and no cycle
-
         df = self.layers
         return PlanTable({
             "group": df["group"], "layer": df["layer"], "tier": df["tier"],
