@@ -6,6 +6,7 @@ without it the test builds the site itself.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import importlib.util
 import os
@@ -94,3 +95,21 @@ def test_no_page_loads_anything_from_the_network(site: Path) -> None:
     assert not hits, hits[:5]
     # code is coloured at build time (Pygments), so it reads the same offline
     assert '<span class="kn">' in (site / "index.html").read_text()
+
+
+@dataclasses.dataclass
+class _Fields:
+    plain: int
+    """Written under the field."""
+    counted: int = 1
+    """Also written."""
+    bare: str = "x"
+
+
+def test_attribute_docstrings_come_from_the_source_never_from_the_value() -> None:
+    hooks = _hooks()
+    assert hooks.source_attribute_docstrings(_Fields) == {"plain": "Written under the field.",
+                                                          "counted": "Also written."}
+    # an int's __doc__ is int's: it says nothing about the attribute holding it
+    assert hooks._inherited_doc(1) and hooks._inherited_doc("x") and hooks._inherited_doc((1, 2))
+    assert not hooks._inherited_doc(_hooks) and not hooks._inherited_doc(_Fields)
