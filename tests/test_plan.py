@@ -815,6 +815,10 @@ def test_printed_table_keeps_layer_tier_pin_rank_and_reason_at_80_columns(monkey
     assert "pinned: rank 1, 670.23 MiB" in lines[1] and lines[1].split()[1:5] == ["blocks", "0", "pinned", "1"]
     assert "pageable: 670.23 MiB >" in lines[13]
     assert "size, mapped, streamed left out to fit 80 columns" in lines[-1]
+    with pd.option_context("display.width", 160, "display.max_columns", 20):  # room for all, reasons whole
+        wide = str(t).splitlines()
+    assert wide[0].split()[:4] == ["group", "layer", "tier", "size"] and len(wide) == 41
+    assert wide[13].endswith("pageable: 670.23 MiB > 149.22 MiB left of the pin budget")
     # a slice is still the same kind of table; the frame itself keeps every column
     assert type(t.iloc[[0, 12]]) is type(t) and "670.23 MiB" in t.to_string()
     # mapped is what a mapped layer reads from its file; a pinned or pageable store is a copy
