@@ -75,7 +75,8 @@ class HostMemory:
     """
 
     available: int
-    """Bytes the host can give this process now (``MemAvailable``, or a hypothetical size)."""
+    """Bytes this process can still get: min(what the OS reports available, cgroup limit −
+    usage) when probed, or a hypothetical size."""
     total: int | None = None
     """The host's total memory, when known."""
     cgroup_limit: int | None = None
