@@ -58,6 +58,12 @@ def test_top_level_help_and_version() -> None:
     assert r.returncode == 0
     for sub in SUBCOMMANDS:
         assert sub in r.stdout
+    # one list of commands, each on one line with its help
+    section = r.stdout.split("commands:", 1)[1].split("examples:", 1)[0]
+    entries = [ln.split() for ln in section.splitlines() if ln.startswith("    ") and ln[4] != " "]
+    listed = [e[0] for e in entries]
+    assert len(listed) == len(set(listed)) and set(SUBCOMMANDS) | {"recommend", "calibrate"} <= set(listed)
+    assert r.stdout.count("commands:") == 1 and all(len(e) > 1 for e in entries), entries
     v = cli("--version")
     assert v.returncode == 0 and v.stdout.startswith("offload-lab 0.")
 
@@ -69,6 +75,14 @@ def test_plan_pins_what_the_budget_allows() -> None:
     assert r.returncode == 0, r.stderr
     assert "40 layers: 12 pinned, 28 pageable" in r.stdout
     assert "ledger:" in r.stdout and "pinned: rank 1" in r.stdout
+    # the headroom printed is what the plan leaves: 64 − 3.2 reserve − 26.18 GiB it copies out of the file
+    assert "headroom after plan  34.62 GiB (of 60.80 GiB before" in r.stdout
+    # pinned and pageable stores are copies: nothing in the mapped column
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("blocks      0"))
+    assert row.split()[:5] == ["blocks", "0", "pinned", "670.23", "MiB"] and row.split()[5] == "True"
+    staged = cli("plan", "wan2.1-t2v-14b", "--pin-budget", "1GiB", "--staging", "--host", "64GiB")
+    assert staged.returncode == 0, staged.stderr
+    assert "not staged: 2 × 670.23 MiB staging buffers = 1.31 GiB > 1.00 GiB of pin budget" in staged.stdout
     j = cli("plan", "wan2.1-t2v-14b", "--pin-budget", "8GiB", "--host", "64GiB", "--json")
     assert j.returncode == 0, j.stderr
     d = json.loads(j.stdout)

@@ -6,6 +6,8 @@ without it the test builds the site itself.
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import importlib.util
 import os
 import re
@@ -61,3 +63,53 @@ def test_doctests_become_code_blocks_and_roles_inline_code() -> None:
             '>>> run.meta["simulated"]  # doctest: +SKIP\nTrue\n\nAfter.')
     out = _hooks().fence_doctests(text)
     assert out == ("Read `Run` frames.\n\n```pycon\n>>> run.meta[\"simulated\"]\nTrue\n```\n\nAfter.")
+
+
+# what inspecting a value finds when the attribute has no docstring of its own: the builtin's
+_BUILTIN_DOCS = ("str(object=", "int([x])", "bool(x) ->", "Convert a string or number to a floating",
+                 "Built-in immutable sequence", "dict() -> new empty dictionary")
+_TAG = re.compile(r"<(?:script|link|img|iframe|source)\b[^>]*>", re.I)
+_URL = re.compile(r"""\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+def _pages(site: Path) -> list[Path]:
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 10, pages
+    return pages
+
+
+def test_no_page_shows_a_builtin_docstring(site: Path) -> None:
+    hits = [(p.relative_to(site).as_posix(), s) for p in _pages(site)
+            for s in _BUILTIN_DOCS if s in html.unescape(p.read_text())]
+    assert not hits, hits
+    # dataclass fields are documented by what is written under them, defaults or not
+    page = (site / "api" / "index.html").read_text()
+    for field in ("Component.uses", "Component.spec", "HostMemory.available", "DeviceProfile.hook_s"):
+        assert f'id="offload_lab.{field}"' in page, field
+    assert "Forward passes per request" in page
+
+
+def test_no_page_loads_anything_from_the_network(site: Path) -> None:
+    hits = [(p.relative_to(site).as_posix(), tag) for p in _pages(site)
+            for tag in _TAG.findall(p.read_text()) if _URL.search(tag)]
+    assert not hits, hits[:5]
+    # code is coloured at build time (Pygments), so it reads the same offline
+    assert '<span class="kn">' in (site / "index.html").read_text()
+
+
+@dataclasses.dataclass
+class _Fields:
+    plain: int
+    """Written under the field."""
+    counted: int = 1
+    """Also written."""
+    bare: str = "x"
+
+
+def test_attribute_docstrings_come_from_the_source_never_from_the_value() -> None:
+    hooks = _hooks()
+    assert hooks.source_attribute_docstrings(_Fields) == {"plain": "Written under the field.",
+                                                          "counted": "Also written."}
+    # an int's __doc__ is int's: it says nothing about the attribute holding it
+    assert hooks._inherited_doc(1) and hooks._inherited_doc("x") and hooks._inherited_doc((1, 2))
+    assert not hooks._inherited_doc(_hooks) and not hooks._inherited_doc(_Fields)

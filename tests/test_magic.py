@@ -166,6 +166,7 @@ def test_dash_h_prints_the_same_help_as_question_mark(results, key):
     r = results[key]
     assert r["success"], r
     assert "UsageError" not in r["stdout"] + r["stderr"]
+    assert r["stdout"].startswith("usage: %offload_profile [-b SIZE]"), r["stdout"][:80]
     for option in ("--pin-budget", "--tiers", "--compare", "--steps", "MODEL", "STATEMENT"):
         assert option in r["stdout"], option
     assert r["mimetypes"] == []  # nothing was profiled

@@ -795,3 +795,48 @@ def test_moved_names_still_import_from_the_planner():
     assert planner.Component is pipeline.Component
     assert planner.plan_pipeline is pipeline.plan_pipeline
     assert planner.PipelinePlan is pipeline.PipelinePlan
+
+
+# -- what a person sees --------------------------------------------------------------------------
+def test_printed_table_keeps_layer_tier_pin_rank_and_reason_at_80_columns(monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setenv("COLUMNS", "80")
+    p = plan(catalog.load("wan2.1-t2v-14b"), pin_budget="8GiB", host=HostMemory(available="64GiB"))
+    t = p.table()
+    assert isinstance(t, pd.DataFrame) and list(t.columns) == [
+        "group", "layer", "tier", "size", "mapped", "streamed", "pin rank", "reason"]
+    with pd.option_context("display.width", 80):
+        text = str(t)
+        assert repr(t) == text
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert lines[0].split() == ["group", "layer", "tier", "pin", "rank", "reason"]
+    assert "pinned: rank 1, 670.23 MiB" in lines[1] and lines[1].split()[1:5] == ["blocks", "0", "pinned", "1"]
+    assert "pageable: 670.23 MiB >" in lines[13]
+    assert "size, mapped, streamed left out to fit 80 columns" in lines[-1]
+    with pd.option_context("display.width", 160, "display.max_columns", 20):  # room for all, reasons whole
+        wide = str(t).splitlines()
+    assert wide[0].split()[:4] == ["group", "layer", "tier", "size"] and len(wide) == 41
+    assert wide[13].endswith("pageable: 670.23 MiB > 149.22 MiB left of the pin budget")
+    # a slice is still the same kind of table; the frame itself keeps every column
+    assert type(t.iloc[[0, 12]]) is type(t) and "670.23 MiB" in t.to_string()
+    # mapped is what a mapped layer reads from its file; a pinned or pageable store is a copy
+    assert set(t["mapped"]) == {""}
+    m = plan(catalog.load("wan2.1-t2v-14b"), tier="mapped", host=HostMemory(available="64GiB")).table()
+    assert set(m["mapped"]) == {"670.23 MiB"}
+
+
+def test_staging_that_stages_nothing_says_why():
+    # K = prefetch + 1 = 2 buffers of 3 MiB do not fit a 4 MiB budget
+    p = plan(make_spec([3 * MiB] * 4), pin_budget="4MiB", staging=True, host=BIG)
+    assert "staged" not in set(p.layers["tier"])
+    assert p.reason_of("blocks", 1) == ("pageable: 3.00 MiB > 1.00 MiB left of the pin budget; not staged: "
+                                        "2 × 3.00 MiB staging buffers = 6.00 MiB > 4.00 MiB of pin budget")
+    # too few layers left without a pin for buffers (which would take their pins) to pay off
+    q = plan(make_spec([MiB] * 4), pin_budget="3MiB", staging=True, host=BIG)
+    assert q.reason_of("blocks", 3).endswith("not staged: only 1 streamed layer without a pin, no more "
+                                             "than the 2 staging buffers that would take their pins")
+    # without staging asked for, the reason is as before
+    r = plan(make_spec([3 * MiB] * 4), pin_budget="4MiB", host=BIG)
+    assert r.reason_of("blocks", 1) == "pageable: 3.00 MiB > 1.00 MiB left of the pin budget"

@@ -91,6 +91,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help columns wide enough for every subcommand name on one line.
+
+    argparse measures a subcommand without the extra indent it prints it at, so the longest
+    names (``recommend``, ``calibrate``) would sit alone with their help on the next line.
+    """
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(name) for name in action.choices), default=0)
+            self._action_max_length = max(self._action_max_length,
+                                          longest + self._current_indent + self._indent_increment)
+
+
 def _scale_type(text: str) -> float:
     try:
         s = float(text)
@@ -118,19 +133,7 @@ def _output(parser: argparse.ArgumentParser, help: str, **kwargs: object) -> Non
 
 
 _EPILOGS = {
-    "main": f"""\
-commands:
-  demo       profile a scaled catalog model under four plans, add simulated full-size runs,
-             write {DEFAULT_REPORT} (the main job; no arguments needed)
-  plan       where each layer of a model would live, and why
-  profile    run a synthetic model under a plan and save the measured run
-  simulate   predict a plan's timeline on a device profile and save the simulated run
-  recommend  which plans fit a device and a host, and which is fastest (simulated)
-  report     one offline HTML report from saved runs
-  catalog    the shipped models and device profiles
-  export     a saved run as a Chrome trace for Perfetto / chrome://tracing
-  calibrate  a device profile of this machine from a short run of a few layers
-
+    "main": """\
 examples:
   offload-lab demo
   offload-lab plan wan2.1-t2v-14b --pin-budget 8GiB --host 64GiB
@@ -211,11 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     >>> args.command, args.pin_budget == 8 * 2**30, args.force
     ('simulate', True, False)
     """
-    fmt = argparse.RawDescriptionHelpFormatter
+    fmt = _HelpFormatter
     parser = _Parser(prog=PROG, formatter_class=fmt, epilog=_EPILOGS["main"],
                      description="See, predict and tune layer-wise weight offload in diffusion-model inference.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # the one list of commands: each subcommand's own help line, so it cannot drift from them
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, title="commands")
     _add_demo(sub, fmt)
     _add_plan(sub, fmt)
     _add_profile(sub, fmt)
@@ -264,7 +268,8 @@ def _add_demo(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME",
                    help=f"catalog model (default {DEFAULT_MODEL})")
     p.add_argument("--quick", action="store_true",
-                   help="fewer layers, tokens and steps (a smoke test; seconds, not a measurement)")
+                   help="fewer layers, tokens and steps: a smoke test, not a measurement (15-30 s "
+                        "on a 2-core CPU, torch's start-up included; longer on a busy machine)")
     p.add_argument("--save-runs", metavar="DIR", help="also save every run as DIR/<name>.zip")
     _output(p, f"report file (default {DEFAULT_REPORT})", default=DEFAULT_REPORT, metavar="PATH")
 

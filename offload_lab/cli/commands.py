@@ -159,10 +159,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _say()
     _say("ledger:")
     led = p.ledger
-    for key in ("available", "reserve", "spendable", "budget", "pinned_bytes", "net_anonymous_bytes",
-                "headroom"):
+    for key in ("available", "reserve", "spendable", "budget", "pinned_bytes", "net_anonymous_bytes"):
         if key in led:
             _say(f"  {key:<20} {format_bytes(led[key])}")
+    if "headroom" in led:
+        # the ledger's headroom is what the plan could spend; the reader wants what it leaves
+        after = led["headroom"] - led.get("net_anonymous_bytes", 0)
+        _say(f"  {'headroom after plan':<20} {'-' if after < 0 else ''}{format_bytes(abs(after))} "
+             f"(of {format_bytes(led['headroom'])} before its net new anonymous bytes)")
     _say(f"  {'fits':<20} {'yes' if led.get('fits') else 'NO'}")
     _say(f"init order: {', '.join(p.init_order)}; prefetch {p.prefetch}; startup peak on the device: "
          f"{format_bytes(p.startup_peak('grouped'))} grouped, {format_bytes(p.startup_peak('naive'))} naive")

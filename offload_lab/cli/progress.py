@@ -19,13 +19,15 @@ class Progress:
 
     width = 28
 
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None, started: float | None = None) -> None:
+        """``started``: the ``time.perf_counter()`` the work began at (default now), so the bar's
+        clock counts work done before the bar could be sized."""
         self.total = max(1, int(total))
         self.done = 0
         self.text = ""
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter() if started is None else started
         self._drawn = 0
 
     def _line(self) -> str:

@@ -83,10 +83,15 @@ class PipelineSpec:
     """
 
     name: str
+    """The pipeline's name (its class or directory name)."""
     components: dict[str, ComponentSpec]
+    """The torch components by name, each with its spec."""
     steps: int = DEFAULT_STEPS
+    """Denoising steps per request."""
     passes: int = DEFAULT_PASSES
+    """Denoiser forwards per step (2 with classifier-free guidance)."""
     meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about the pipeline (its source, class name, ...)."""
 
     def __post_init__(self) -> None:
         for what, v in (("steps", self.steps), ("passes", self.passes)):

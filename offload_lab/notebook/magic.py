@@ -28,6 +28,7 @@ import html
 import linecache
 import os
 import re
+import textwrap
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,6 +158,31 @@ def _tokens(text: str) -> list[tuple[str, int]]:
             tok = tok[1:-1]
         out.append((tok, m.end()))
         pos = m.end()
+
+
+def _terminal_help(doc: str) -> str:
+    """The magic's docstring as ``-h`` prints it, opening with ``usage: %offload_profile ...``.
+
+    IPython's ``magic_arguments`` starts the docstring with a reST ``::`` literal-block marker
+    and an indented usage, which are for Sphinx; a reader of ``-h`` wants the usage line first.
+
+    >>> print(_terminal_help("::\\n\\n  %m [-a]\\n       [-b]\\n\\nDoes m."))
+    usage: %m [-a]
+              [-b]
+    <BLANKLINE>
+    Does m.
+    """
+    head, sep, rest = doc.partition("\n\n")
+    if head.strip() != "::" or not sep:
+        return doc
+    usage, _, body = rest.partition("\n\n")
+    lines = textwrap.dedent(usage).splitlines()
+    if not lines:
+        return body
+    prog = lines[0].split(" ", 1)[0]
+    pad = " " * (len("usage: ") + len(prog) + 1)
+    out = [f"usage: {lines[0]}", *(pad + line.strip() for line in lines[1:])]
+    return "\n".join(out) + "\n\n" + body
 
 
 class _HelpRequested(Exception):
@@ -334,7 +360,7 @@ class OffloadMagics(Magics):
         try:
             opts, model_expr, rest = _split_line(parser, line)
         except _HelpRequested:
-            print(type(self).offload_profile.__doc__)
+            print(_terminal_help(type(self).offload_profile.__doc__ or ""))
             return None
         args = parser.parse_args([*opts, model_expr])
         if cell is None:

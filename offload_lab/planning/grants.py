@@ -214,6 +214,32 @@ def _reserve_staging(unit: _Unit, left: int) -> dict[str, int]:
     return out
 
 
+def _why_not_staged(unit: _Unit, left: int, reserved: dict[str, int]) -> dict[str, str]:
+    """Per group that asked for staging and got none: why, for its pageable layers' reasons.
+
+    ``staging=True`` that stages nothing must say so: a plan that looks like one without staging
+    would otherwise leave the reader guessing whether the option was read at all.
+    """
+    if not unit.use_staging or unit.tier is not None:
+        return {}
+    k_wanted = unit.prefetch + 1
+    n = _unpinned(unit, left)
+    out: dict[str, str] = {}
+    spare = left - sum(reserved.values())
+    for g in unit.init_order:
+        streamed = [r for r in unit.grant_order if r.group == g and r.streamed]
+        if not streamed or g in reserved:
+            continue
+        if n <= k_wanted:
+            out[g] = (f"not staged: only {n} streamed layer{'s' if n != 1 else ''} without a pin, no "
+                      f"more than the {k_wanted} staging buffers that would take their pins")
+        else:
+            k, b = staging_buffers(unit.prefetch, [r.bytes for r in streamed])
+            out[g] = (f"not staged: {k} × {format_bytes(b)} staging buffers = {format_bytes(k * b)} > "
+                      f"{format_bytes(spare)} of pin budget")
+    return out
+
+
 def _unpinned(unit: _Unit, left: int) -> int:
     """Streamed layers first fit leaves without a pin of their own."""
     n = 0
@@ -249,6 +275,7 @@ def _grant(unit: _Unit, left: int, rank: int) -> int:
     forced = unit.tier
     note = f"; tier {forced!r} forced" if forced else ""
     reserved = _reserve_staging(unit, left)
+    not_staged = _why_not_staged(unit, left, reserved)
     left -= sum(reserved.values())
     for row in unit.grant_order:
         if row.streamed and forced == "staged":
@@ -299,6 +326,8 @@ def _grant(unit: _Unit, left: int, rank: int) -> int:
             row.tier = "pageable"
             row.reason = (f"pageable: {format_bytes(row.bytes)} > {format_bytes(left)} left "
                           f"of the pin budget{note}")
+            if row.group in not_staged:
+                row.reason += f"; {not_staged[row.group]}"
     _settle_staging(unit, reserved)
     return rank
 

@@ -77,16 +77,28 @@ class HostMemory:
     """
 
     available: int
+    """Bytes this process can still get: min(what the OS reports available, cgroup limit −
+    usage) when probed, or a hypothetical size."""
     total: int | None = None
+    """The host's total memory, when known."""
     cgroup_limit: int | None = None
+    """The memory limit of this process's cgroup, when there is one."""
     anon_bytes: int = 0
+    """This process's resident anonymous memory (``RssAnon``) when probed."""
     file_bytes: int = 0
+    """This process's resident file-backed memory (``RssFile``: mapped checkpoint pages, ...)."""
     shmem_bytes: int = 0
+    """This process's resident shared memory (``RssShmem``)."""
     locked_bytes: int = 0
+    """Memory this process has locked (``VmLck``) when probed."""
     pinned_bytes: int = 0
+    """Pins already granted but not yet allocated (so ``available`` does not reflect them): subtracted from what can be spent."""
     source: str = "hypothetical"
+    """Where the numbers come from: ``"probe"`` (measured) or ``"hypothetical"``."""
     shared_by: Any = None
+    """The ranks sharing this node's headroom: a count (even split) or one weight per rank (None: detected from the launcher)."""
     local_rank: int | None = None
+    """This rank's index among ``shared_by`` (None: detected from the launcher)."""
 
     def __post_init__(self) -> None:
         self.available = _size(self.available, "available")

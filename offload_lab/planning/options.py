@@ -238,8 +238,8 @@ def add_plan_arguments(parser: Any, host_help: str | None = "default: probe this
                         "(default leading)")
     g.add_argument("--order", type=argparse_type(parse_order, "order"), default="execution",
                    metavar="POLICY|IDS",
-                   help=f"who gets pins first: {', '.join(ORDERS)}, or ids such as 3,1,2 "
-                        f"(default execution)")
+                   help=f"who gets pins first: {', '.join(ORDERS)} (bit-reversal: 0, the middle, the "
+                        f"quarters, ...), or ids such as 3,1,2 (default execution)")
     g.add_argument("-p", "--prefetch", type=argparse_type(parse_count, "prefetch", "prefetch", 0, MAX_PREFETCH),
                    default=1, metavar="N",
                    help="streamed layers in flight ahead of the running one (default 1; 0 = load at use)")

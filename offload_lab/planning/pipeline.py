@@ -49,14 +49,23 @@ class Component:
     """
 
     name: str
+    """The component's name in the pipeline (``"transformer"``, ``"text_encoder"``)."""
     spec: ModelSpec
+    """Its layer groups and tensor sizes."""
     uses: int = 1
+    """Forward passes per request: steps × guidance passes for a DiT, 1 for an encoder; ranks the components for the pin budget."""
     resident: Any = 0
+    """Layers kept on the device, as ``plan(resident=...)``: a count per group, a fraction or layer ids."""
     residency: str = "leading"
+    """Which layers a resident count keeps: ``"leading"`` or ``"strided"``."""
     order: Any = "execution"
+    """Who gets pins first, as ``plan(order=...)``: a policy or layer ids."""
     prefetch: int = 1
+    """Streamed layers in flight ahead of the running one (0 = load at use)."""
     tier: str | None = None
+    """Force every streamed layer into one tier (None: the planner's choice)."""
     staging: bool = False
+    """Layers without a pin of their own go through pinned staging buffers when those fit."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

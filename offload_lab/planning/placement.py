@@ -166,7 +166,14 @@ def resident_sets(
 
 # -- ordering policies ---------------------------------------------------------------------------
 def _spread(m: int) -> list[int]:
-    """0..m-1 so that every prefix is spread evenly (van der Corput order)."""
+    """0..m-1 in van der Corput (bit-reversal) order: 0, the middle, the quarters, ...
+
+    A prefix of 2, 4, 8, ... positions is evenly spaced when m is a multiple of it; other
+    prefixes are only nearly even: 12 of 40 are 0, 2, 5, 10, 12, 15, 20, 22, 25, 30, 32, 35.
+
+    >>> sorted(_spread(40)[:12])
+    [0, 2, 5, 10, 12, 15, 20, 22, 25, 30, 32, 35]
+    """
     out: list[int] = []
     seen: set[int] = set()
     i = 0

@@ -68,6 +68,7 @@ from offload_lab.planning.grants import (
 from offload_lab.planning.hostmem import HostMemory, HostMemoryError, resolve_host, rounded_size
 from offload_lab.planning.options import FORCED_TIERS, ORDERS, RESIDENCIES, STRATEGIES, TIERS
 from offload_lab.units import SizeError, format_bytes
+from offload_lab.views.keyed import PlanTable
 
 if TYPE_CHECKING:
     from offload_lab.planning.pipeline import PipelinePlan
@@ -206,12 +207,18 @@ class Plan:
 
     # -- printing --------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:
-        """The layers with sizes formatted, for printing in a notebook or a terminal."""
+        """The layers with sizes formatted, for printing in a notebook or a terminal.
+
+        A DataFrame (:class:`~offload_lab.views.keyed.PlanTable`) whose printed form keeps
+        layer, tier, pin rank and reason in view on a narrow terminal; ``mapped`` is the bytes
+        a ``mapped`` layer reads from its checkpoint file (empty for the other tiers).
+        """
         df = self.layers
-        return pd.DataFrame({
+        return PlanTable({
             "group": df["group"], "layer": df["layer"], "tier": df["tier"],
             "size": [format_bytes(b) for b in df["bytes"]],
-            "mapped": [format_bytes(b) for b in df["mapped_bytes"]],
+            # a pinned or pageable store is a copy: what it read from the file is not mapped any more
+            "mapped": [format_bytes(b) if t == "mapped" else "" for b, t in zip(df["mapped_bytes"], df["tier"])],
             "streamed": df["streamed"],
             "pin rank": ["" if pd.isna(r) else str(int(r)) for r in df["pin_rank"]],
             "reason": df["reason"],
@@ -406,7 +413,8 @@ def plan(
       ids (``[0, 1]`` for single-group models, ``["blocks.0"]``), or ``{group: any of those}``.
     - ``residency``: ``"leading"`` (first k) or ``"strided"`` (the streamed layers spread evenly).
     - ``order``: who gets pins first among streamed layers — ``"execution"``, ``"reverse"``,
-      ``"largest"``, ``"strided"`` (every prefix spread evenly over the group), or an explicit
+      ``"largest"``, ``"strided"`` (bit-reversal order: 0, the middle, the quarters, ...; the first
+      2, 4, 8, ... are evenly spaced, other prefixes nearly so), or an explicit
       list of layer ids (unlisted streamed layers follow in execution order). Groups are taken
       in init order (largest first); ``largest`` and explicit lists order across groups.
     - ``prefetch``: streamed layers in flight ahead of the running one (0 = load at use).

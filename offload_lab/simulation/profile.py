@@ -131,34 +131,63 @@ class DeviceProfile:
     """
 
     name: str
+    """The profile's name (``"h200"``)."""
     bandwidths: dict[str, float]
+    """GB/s per tier: ``pinned``, ``pageable``, ``mapped_warm``, ``mapped_cold``."""
     hook_s: float = 0.0
+    """Host seconds per layer of pre/post-hook bookkeeping."""
     launch_s: float = 0.0
+    """Host seconds to launch one block's kernels (unused in ``"sync"`` mode)."""
     issue_s: float = 0.0
+    """Host seconds to issue one copy."""
     copy_latency_s: float = 0.0
+    """Fixed seconds of each copy on the copy engine."""
     step_head_s: float = 0.0
+    """Host seconds per step before the first layer."""
     step_tail_s: float = 0.0
+    """Host seconds per step after the last layer."""
     pageable_blocks_host: bool = True
+    """Whether a pageable copy holds the host thread until it is done."""
     mapped_blocks_host: bool = True
+    """Whether a copy from a mapped checkpoint holds the host thread until it is done."""
     compute_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per forward, keyed ``"group.layer"`` or ``"group"``."""
     tflops: float | None = None
+    """Compute rate (TFLOP/s) when neither ``compute_s`` nor ``compute_curve`` has the layer."""
     tokens: int | None = None
+    """Tokens at which ``compute_s`` was measured (scaled to other token counts)."""
     compute_curve: dict[str, list[float]] = field(default_factory=dict)
+    """``{kind: [floor_s, tflops]}``: a forward takes ``floor_s + FLOPs / tflops``."""
     step_error: float | None = None
+    """Held-out relative error of a median step (e.g. 0.05), carried by simulated runs as a ± band."""
     compute_mode: str = "async"
+    """``"async"`` (a GPU: the host runs ahead) or ``"sync"`` (the cpu backend: the host runs each block)."""
     contention: float = 0.0
+    """Sync mode: how much a copy and the host's work slow each other (0: not at all, 1: they take turns)."""
     copy_priority: float = 0.5
+    """Sync mode: the copy's share of a contended machine (0.5: even, 1: the copy runs at full speed)."""
     dispatch_s: float = 0.0
+    """Sync mode: seconds for an idle copy thread to start a queued copy."""
     wake_s: float = 0.0
+    """Sync mode: seconds for the host to resume after a wait."""
     host_memcpy_gbps: float | None = None
+    """One thread's host memcpy rate (GB/s) into a staging buffer; a ``staged`` layer needs it."""
     host_memcpy_max_gbps: float | None = None
+    """The memcpy ceiling of several threads, GB/s (None: no ceiling)."""
     provenance: dict[str, Any] = field(default_factory=lambda: {"kind": "estimated", "sources": []})
+    """Where the numbers come from: ``{"kind": "measured", ...}`` or ``{"kind": "estimated", "sources": [...]}``."""
     notes: str = ""
+    """Free text shown with the profile."""
     memory_bytes: int | None = None
+    """The device's memory size (None: unknown); what ``recommend`` plans against by default."""
     copy_slowdown: float = 0.0
+    """Async mode: how much longer a block runs per fraction of it overlapped by a copy (0.1 = 10 %)."""
     idle_speedup: float = 0.0
+    """Async mode: how much faster a block runs after the compute stream idled (0.09 = 9 %)."""
     idle_tau_s: float = 0.0063
+    """Async mode: the idle time scale of ``idle_speedup``, scaled by ``1 - exp(-idle / idle_tau_s)``."""
     regimes: dict[str, Any] = field(default_factory=dict)
+    """Held-out error per regime (device, issue order, streamed tiers), from the measured runs."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -130,18 +130,31 @@ class Recommendation:
     """
 
     spec: ModelSpec
+    """The model searched."""
     profile: DeviceProfile
+    """The device profile the plans were simulated on."""
     host: HostMemory
+    """The host memory the plans had to fit."""
     device_memory: int
+    """Device bytes the plans' estimated peak had to fit."""
     tokens: Any
+    """Video tokens (or the resolution) simulated."""
     calls_per_step: int
+    """Forwards per step (2 with classifier-free guidance)."""
     best: Plan | None
+    """The fastest plan that fits, or None when none does."""
     tried: pd.DataFrame
+    """One row per plan tried, columns ``COLUMNS``."""
     explanation: str
+    """Why the best wins and what bounds its step."""
     plans: list[Plan] = field(default_factory=list)
+    """The plans tried, by row of ``tried``."""
     search_s: float = 0.0
+    """Seconds the search took."""
     tolerance: float = TOLERANCE
+    """Relative slack on the fastest step within which the fewest pinned bytes win."""
     components: dict[str, Recommendation] = field(default_factory=dict)
+    """For a pipeline: each searched component's recommendation, by name."""
 
     @property
     def front(self) -> pd.DataFrame:

@@ -35,6 +35,7 @@ TIER_COLORS: dict[str, str] = {
     "mapped": "#9467bd",
     "unknown": "#7f7f7f",
 }
+"""The colour of each tier in every figure and in the report (a tier a run does not know is ``unknown``)."""
 STALL_COLOR = "#d62728"
 HOST_BLOCK_COLOR = "#4d4d4d"
 STAGE_COLOR = "#8c564b"

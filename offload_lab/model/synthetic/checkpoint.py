@@ -20,6 +20,7 @@ from offload_lab.model.synthetic.weights import set_tensor
 from offload_lab.writing import atomic_write
 
 DEFAULT_SHARD_BYTES = 4 * 2**30
+"""Largest safetensors shard ``save`` writes (4 GiB) before starting another."""
 _META_KEY = "offload_lab"
 
 # torch dtype -> safetensors code, for the dtypes this torch build has

@@ -10,6 +10,7 @@ from offload_lab.errors import OffloadLabError
 from offload_lab.model.spec import ModelSpec
 
 ARCHS = ("wan", "h3")
+"""The synthetic architectures: Wan2.1-style and MiniMax-H3-style blocks."""
 _WAN_HEAD_DIM = 128  # Wan2.1 uses 128 for every size; its q/k norms span d, so shapes can't say
 WAN_IMG_TOKENS = 257  # CLIP ViT-H/14 tokens fed to Wan2.1 I2V
 

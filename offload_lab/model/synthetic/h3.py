@@ -132,6 +132,7 @@ class H3Model(nn.Module):
 
     #: read by :func:`offload_lab.spec_of`: declared order, and 1-block lists are groups too
     offload_layer_groups = ("token_refiner.blocks", "blocks")
+    """The layer groups the planner offloads, in execution order."""
 
     def __init__(self, dims: H3Dims, layers: dict[str, int]):
         super().__init__()

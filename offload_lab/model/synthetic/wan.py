@@ -125,6 +125,7 @@ class WanModel(nn.Module):
 
     #: read by :func:`offload_lab.spec_of`: a 1-block list is a group too
     offload_layer_groups = ("blocks",)
+    """The layer groups the planner offloads."""
 
     def __init__(self, dims: WanDims, layers: dict[str, int]):
         super().__init__()
