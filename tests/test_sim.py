@@ -122,32 +122,36 @@ def test_profile_missing_a_tier_the_plan_uses():
 
 
 def test_spec_plan_mismatch():
-    # only the older call names a spec beside the plan, so only it can disagree with the plan
+    # a plan whose layers disagree with the spec it carries (layers from another model's run)
     plan = plan_of(toy({"blocks": 4}))
-    with pytest.deprecated_call():
-        with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
-            simulate(toy({"blocks": 5}), plan, prof())
-        with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
-            simulate(toy({"blocks": 4}, nbytes=2 * MiB), plan, prof())
-        with pytest.raises(SimError, match="plan groups"):
-            simulate(toy({"other": 4}), plan, prof())
-        with pytest.raises(SimError, match="no layers frame"):
-            simulate(toy(), object(), prof())
-    with pytest.raises(SimError, match="carries no spec"):
+
+    def on(spec):
+        return ol.Plan.from_layers(spec, plan.layers, plan.prefetch)
+
+    with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
+        simulate(on(toy({"blocks": 5})), prof())
+    with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
+        simulate(on(toy({"blocks": 4}, nbytes=2 * MiB)), prof())
+    with pytest.raises(SimError, match="plan groups"):
+        simulate(on(toy({"other": 4})), prof())
+    with pytest.raises(ol.PlanError, match="not a layers frame"):
+        ol.Plan.from_layers(toy(), plan.layers.drop(columns="tier"))
+    with pytest.raises(SimError, match="not an offload_lab.Plan"):
         simulate(object(), prof())
 
 
-def test_old_call_form_warns_and_gives_the_same_run():
-    spec = toy()
-    plan = plan_of(spec, tier="pinned", prefetch=1)
-    with pytest.warns(DeprecationWarning, match=r"call simulate\(plan, device, \.\.\.\)"):
-        old = simulate(spec, plan, prof(), steps=3)
-    new = simulate(plan, prof(), steps=3)
-    assert old.steps["wall_s"].tolist() == new.steps["wall_s"].tolist()
-    with pytest.raises(SimError, match="takes 2 positional arguments"):
+def test_simulate_takes_a_plan_and_a_device_only():
+    import inspect
+
+    params = inspect.signature(ol.simulate).parameters.values()
+    assert not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    plan = plan_of(toy(), tier="pinned", prefetch=1)
+    with pytest.raises(TypeError):
         simulate(plan, prof(), 3)
     with pytest.raises(SimError, match="needs a device"):
         simulate(plan)
+    with pytest.raises(SimError, match="not an offload_lab.Plan"):
+        simulate(toy(), prof())  # a spec alone is not a plan
 
 
 def test_device_by_shipped_name():
