@@ -63,7 +63,7 @@ def test_compare_one_row_per_run_with_ratio_to_first(measured, simulated):
     for r, ref, (_, row) in zip(runs, refs, df.iterrows()):
         assert row["step_s"] == pytest.approx(r.steps["wall_s"].median())
         assert row["ratio"] == pytest.approx(row["step_s"] / df["step_s"].iloc[ref])
-        assert row["ratio_to"] == runs[ref].label and row["ratio_note"] == ""
+        assert row["ratio_to"] == df["label"].iloc[ref] and row["ratio_note"] == ""
         assert row["stall_s"] == pytest.approx(r.steps["stall_s"].median())
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.record.run import TIERS, Run
+from offload_lab.record.run import TIERS, Run, display_label
 
 BANDWIDTH_COLUMNS = ["tier", "copies", "bytes", "copy_s", "gbps", "best_gbps"]
 _COPY_TIERS = ("pinned", "staged", "pageable", "mapped", "resident", "unknown")
@@ -251,7 +251,7 @@ def metrics(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
     bw = bandwidth_by_tier(run)
     b = _bound(run, bandwidth, bw)
     return {
-        "label": run.label,
+        "label": display_label(run),  # what tables show: a simulated run says so
         "backend": run.backend,
         "simulated": run.simulated,
         "steps": int(len(s)),

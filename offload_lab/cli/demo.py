@@ -163,7 +163,7 @@ def _simulate(s: _Setup, bar: Progress) -> list[Run]:
     for prof in s.profiles:
         for tier in ("pinned", "pageable"):
             p = _quiet_plan(s.spec, tier=tier, host=host)
-            out.append(simulate(s.spec, p, prof, steps=s.sim_steps,
+            out.append(simulate(p, prof, steps=s.sim_steps,
                                 label=f"{prof.name}: all {tier}, full-size {s.spec.name}"))
             bar.advance(1)
     return out

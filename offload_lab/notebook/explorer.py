@@ -59,7 +59,7 @@ from offload_lab.planning.options import (
 )
 from offload_lab.planning.planner import Plan, PlanWarning, store_bytes
 from offload_lab.planning.planner import plan as make_plan
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
 
@@ -321,7 +321,7 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
             raise ExplorerError(f"run {run!r:.60} is not an offload_lab.Run")
         if all(r is not run for r in self.runs):
             self.runs.append(run)
-            self.message = f"kept {run.label!r}: {len(self.runs)} run(s) in the comparison"
+            self.message = f"kept {display_label(run)!r}: {len(self.runs)} run(s) in the comparison"
         self._show_comparison()
         return self.runs
 

@@ -41,7 +41,8 @@ that overlaps shares the processor by the profile's ``contention`` (1.0: one pro
 overlap saves nothing) and ``copy_priority`` (who gets it).
 
 A simulated :class:`~offload_lab.record.run.Run` has the same frames as a measured one,
-``backend == "sim"``, ``meta["simulated"] is True`` and a label ending in ``(simulated)``.
+``backend == "sim"`` and ``meta["simulated"] is True``; views show its label with
+``(simulated)`` (:func:`~offload_lab.record.run.display_label`).
 
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -114,8 +115,8 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="64GiB"))
     >>> run = simulate(plan, "rtx4090-pcie4", steps=2)
-    >>> run.label
-    'rtx4090-pcie4 · 30 pageable · prefetch 1 (simulated)'
+    >>> run.label, run.simulated
+    ('rtx4090-pcie4 · 30 pageable · prefetch 1', True)
     >>> simulate(plan, "h200", steps=10**8)
     Traceback (most recent call last):
     ...
@@ -143,8 +144,6 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
     pf = sorted(set(prefetch.values()))
     auto = f"{profile.name} · {tier_s} · prefetch {pf[0] if len(pf) == 1 else pf}"
     label = auto if label is None else str(label)
-    if "simulated" not in label.lower():
-        label += " (simulated)"
     params = dict(plan.params or {})
     if plan.ledger:  # a plan rebuilt from a run has none
         params["ledger"] = dict(plan.ledger)
@@ -154,7 +153,7 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
         "label": label,
         "backend": "sim",
         "simulated": True,
-        "device_name": f"{profile.name} (simulated)",
+        "device_name": profile.name,
         "model": spec.name,
         "model_bytes": int(spec.total_bytes),
         "groups": [g.name for g in spec.groups],

@@ -161,8 +161,6 @@ def simulate_node(plan: Any, device: DeviceProfile | str, ranks_per_node: int, n
         runs.append(r)
     auto = f"{device.name} · {ranks} ranks/node · {one.label.removeprefix(device.name + ' · ')}"
     out = merge_ranks(runs, label=label or auto)
-    if "simulated" not in out.label.lower():
-        out.meta["label"] = out.label + " (simulated)"
     out.meta.update(
         ranks_per_node=ranks, node_profile=node.to_dict(), simulated=True,
         rank_bandwidths=node_bandwidths(device, node, ranks),

@@ -20,7 +20,7 @@ from typing import Any
 from offload_lab.units import format_bytes
 
 __all__ = ["TextError", "fmt_step", "step_band", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
-           "split_labels", "strip_simulated", "text_table", "time_unit", "wrap"]
+           "split_labels", "text_table", "time_unit", "wrap"]
 
 
 class TextError(ValueError):
@@ -150,15 +150,6 @@ _SIM = re.compile(r"\s*\((?:simulated|sim)\)\s*", re.I)
 
 def _parts(label: str) -> list[str]:
     return [p.strip() for p in _SEP.split(_SIM.sub(" ", str(label)).strip()) if p.strip()]
-
-
-def strip_simulated(label: Any) -> str:
-    """A label without its ``(simulated)`` / ``(sim)`` mark, for places that mark it themselves.
-
-    >>> strip_simulated("h200 · 40 pinned · prefetch 1 (simulated)")
-    'h200 · 40 pinned · prefetch 1'
-    """
-    return " ".join(_SIM.sub(" ", str(label)).split()) or str(label)
 
 
 def split_labels(labels: Sequence[Any]) -> tuple[str, list[str]]:
