@@ -275,7 +275,7 @@ def test_displays_as_a_widget(ex):
 
 def test_figures_for_export_carry_html():
     """The outputs' figures carry text/html too: plotly >= 6.1's mimetype alone is lost by nbconvert."""
-    from offload_lab.notebook.magic import figure_bundle
+    from offload_lab.notebook.display import figure_bundle
 
     ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)
     bundle = figure_bundle(ex.figures["tier_map"])
