@@ -165,7 +165,7 @@ def test_lazy_package_api():
 
 
 def test_one_spec_of_for_synthetic_and_plain_modules():
-    from offload_lab.notebook.magic import spec_for_model
+    from offload_lab.notebook.models import spec_for_model
 
     model = synthetic.build(catalog.load("minimax-h3"), scale=0.02, layers=1)
     spec = offload_lab.spec_of(model)

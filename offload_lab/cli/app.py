@@ -326,7 +326,7 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--ranks-per-node", type=_count("ranks-per-node", 1, 64), default=1, metavar="K",
                    help="K ranks of one node copying at once, each planned against 1/K of --host "
                         "(an estimate; default 1)")
-    p.add_argument("--label", help="run label (always ends with '(simulated)')")
+    p.add_argument("--label", help="run label (shown with '(simulated)' after it)")
     _output(p, "where to save the run (default: print only)", metavar="RUN.zip")
 
 

@@ -18,6 +18,7 @@ from offload_lab.cli.outputs import check_output, cleaned_up
 from offload_lab.cli.progress import Progress
 from offload_lab.cli.sizing import Sizing, choose_size
 from offload_lab.planning.options import plan_kwargs
+from offload_lab.record.run import display_label
 from offload_lab.units import format_bytes
 from offload_lab.writing import REGULAR, kind_of
 
@@ -358,7 +359,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         run_view = run
     m = analysis.metrics(run_view)
     kind = profile.provenance.get("kind", "estimated")
-    _say(f"{run.label}: {fmt_seconds(m['step_s'])} per step (SIMULATED on the {kind} profile "
+    _say(f"{display_label(run)}: {fmt_seconds(m['step_s'])} per step (SIMULATED on the {kind} profile "
          f"{profile.name!r}, not measured)")
     _say(f"  stall {fmt_seconds(m['stall_s'])}, exposed copy {fmt_seconds(m['exposed_copy_s'])}, overlap "
          f"{fmt_percent(m['overlap'])}, {fmt_ratio(m['vs_bound'])} its {m['bound']['limit']}-bound of "

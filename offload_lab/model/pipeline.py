@@ -65,11 +65,6 @@ class ComponentSpec:
         """Parameters (the spec) plus buffers, in bytes."""
         return self.spec.total_bytes + self.buffer_bytes
 
-    @property
-    def local_groups(self) -> list[str]:
-        """Group names inside the component (without the prefix); empty for a unit."""
-        return [] if self.unit else [g.removeprefix(self.name + ".") for g in self.spec.group_names]
-
 
 @dataclass
 class PipelineSpec:

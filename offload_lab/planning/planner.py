@@ -66,7 +66,14 @@ from offload_lab.planning.grants import (
     store_bytes,
 )
 from offload_lab.planning.hostmem import HostMemory, HostMemoryError, resolve_host, rounded_size
-from offload_lab.planning.options import FORCED_TIERS, ORDERS, RESIDENCIES, STRATEGIES, TIERS
+from offload_lab.planning.options import (
+    FORCED_TIERS,
+    ISSUE_ORDERS,
+    ORDERS,
+    RESIDENCIES,
+    STRATEGIES,
+    TIERS,
+)
 from offload_lab.units import SizeError, format_bytes
 from offload_lab.views.keyed import PlanTable
 
@@ -80,16 +87,6 @@ __all__ = [
 
 LAYER_COLUMNS = ["group", "layer", "tier", "bytes", "mapped_bytes", "streamed", "pin_rank", "reason"]
 _FORMAT = "offload-lab/plan"
-#: names that moved to offload_lab.planning.pipeline, still importable from here
-_MOVED = {"Component", "PipelinePlan", "plan_pipeline"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from offload_lab.planning import pipeline
-
-        return getattr(pipeline, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- Plan ----------------------------------------------------------------------------------------
@@ -107,11 +104,49 @@ class Plan:
     layers: pd.DataFrame
     ledger: dict[str, Any]
     init_order: list[str]
-    prefetch: int
+    prefetch: int  # a plan rebuilt from a run may hold one per group (``{group: depth}``)
     params: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     host: HostMemory | None = None
     grant_order: list[str] = field(default_factory=list)
+    #: the runtime's issue order the plan ran under, for a plan rebuilt from a run
+    #: (:meth:`from_layers`); ``None``: :func:`~offload_lab.simulate` takes its default
+    issue: str | None = None
+
+    @classmethod
+    def from_layers(cls, spec: ModelSpec, layers: pd.DataFrame, prefetch: int | dict[str, int] = 1,
+                    params: dict[str, Any] | None = None, issue: str | None = None) -> Plan:
+        """A plan from a layers frame that was not planned here (a recorded run's ``layers``).
+
+        ``layers`` needs ``group, layer, tier, bytes, streamed``; ``mapped_bytes``, ``pin_rank``
+        and ``reason`` are filled in when missing, other columns are dropped. The ledger is
+        empty: what the host could spend was not recorded, so :attr:`fits` is not known and
+        reads True.
+
+        >>> from offload_lab import catalog
+        >>> spec = catalog.load("wan2.1-t2v-1.3b")
+        >>> p = plan(spec, tier="pinned", host=HostMemory(available="64GiB"))
+        >>> again = Plan.from_layers(spec, p.layers[["group", "layer", "tier", "bytes", "streamed"]])
+        >>> again.streamed_layers("blocks") == p.streamed_layers("blocks"), again.ledger
+        (True, {})
+        """
+        need = {"group", "layer", "tier", "bytes", "streamed"}
+        if not isinstance(layers, pd.DataFrame) or not need <= set(layers.columns):
+            got = sorted(layers.columns) if isinstance(layers, pd.DataFrame) else type(layers).__name__
+            raise PlanError(f"layers {got} is not a layers frame; accepted: a DataFrame with columns "
+                            f"{sorted(need)}")
+        if issue is not None:
+            check_choice(issue, "issue", ISSUE_ORDERS)
+        df = layers.reset_index(drop=True)
+        rows = [{
+            "group": str(r["group"]), "layer": int(r["layer"]), "tier": str(r["tier"]),
+            "bytes": int(r["bytes"]), "mapped_bytes": int(r.get("mapped_bytes", 0) or 0),
+            "streamed": bool(r["streamed"]),
+            "pin_rank": None if pd.isna(r.get("pin_rank", None)) else int(r["pin_rank"]),
+            "reason": str(r.get("reason", None) or f"{r['tier']}: as recorded"),
+        } for r in df.to_dict("records")]
+        return cls(spec, _layers_frame(rows), {}, list(dict.fromkeys(str(g) for g in df["group"])),
+                   prefetch, dict(params or {}), issue=issue)
 
     # -- queries -------------------------------------------------------------------------
     def _row(self, group: str, layer: int) -> pd.Series:
@@ -157,7 +192,7 @@ class Plan:
     @property
     def fits(self) -> bool:
         """True when the plan fits the host and (when ``device_memory`` was given) the device."""
-        return bool(self.ledger["fits"]) and bool(self.ledger.get("device_fits", True))
+        return bool(self.ledger.get("fits", True)) and bool(self.ledger.get("device_fits", True))
 
     @property
     def device_peak(self) -> int:
@@ -228,6 +263,8 @@ class Plan:
         t = self.tier_counts
         led = self.ledger
         tiers = ", ".join(f"{n} {k}" for k, n in t.items() if n)
+        if not led:  # rebuilt from a run (from_layers): no budget was recorded
+            return f"{len(self.layers)} layers: {tiers}; rebuilt from a run (no ledger)"
         fit = "fits" if led["fits"] else "DOES NOT FIT"
         staging = (f" + {format_bytes(led['staging_bytes'])} staging buffers"
                    if led.get("staging_bytes") else "")
@@ -267,6 +304,7 @@ class Plan:
             "warnings": list(self.warnings),
             "host": None if self.host is None else self.host.to_dict(),
             "grant_order": list(self.grant_order), "layers": layers,
+            **({} if self.issue is None else {"issue": self.issue}),
         }
 
     @classmethod
@@ -279,7 +317,7 @@ class Plan:
             prefetch=int(d["prefetch"]), params=dict(d["params"]),
             warnings=list(d.get("warnings", [])),
             host=None if d.get("host") is None else HostMemory.from_dict(d["host"]),
-            grant_order=list(d.get("grant_order", [])),
+            grant_order=list(d.get("grant_order", [])), issue=d.get("issue"),
         )
 
     def to_json(self) -> str:

@@ -60,10 +60,11 @@ def _kind_word(run: Run) -> str:
 
 
 def _process_name(run: Run, rank: int) -> str:
-    label = run.label
-    kind = _kind_word(run)
-    # a simulated label says so already ("... (simulated)"); never say it twice
-    tag = "" if kind in label.lower() else f" ({kind})"
+    from offload_lab.record.run import display_label
+
+    # display_label marks a simulated run; a measured one says so here
+    label = display_label(run)
+    tag = "" if run.simulated or "measured" in label.lower() else " (measured)"
     return f"{label}{tag} · rank {rank} · {run.backend}"
 
 

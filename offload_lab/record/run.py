@@ -41,7 +41,7 @@ from offload_lab.record.schema import (
 )
 from offload_lab.writing import atomic_write
 
-__all__ = ["Run", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
+__all__ = ["Run", "display_label", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
            "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "MAX_FRAME_ROWS", "MAX_FRAME_BYTES",
            "summarize_steps", "summarize_layers", "empty_events"]
 
@@ -251,7 +251,7 @@ class Run:
         self.memory = conform("memory", memory, MEMORY_DTYPES)
         for name in FRAMES:
             check_numbers(name, getattr(self, name))
-        self.meta = check_meta(meta)
+        self.meta = _normalised(check_meta(meta))
         self.meta.setdefault("simulated", self.meta.get("backend") == "sim")
 
     # -- construction ------------------------------------------------------------------------
@@ -426,6 +426,45 @@ class Run:
         from offload_lab.record.chrome_trace import to_chrome_trace
 
         return to_chrome_trace(self, path)
+
+
+_SIM_SUFFIX = " (simulated)"
+
+
+def _normalised(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with "simulated" said once, in ``meta["simulated"]``.
+
+    Runs saved before that carried a ``" (simulated)"`` suffix in ``label`` and ``device_name``
+    as well; it is taken off here, so old files show the same as new ones (views add it back
+    through :func:`display_label`).
+    """
+    meta.setdefault("simulated", meta.get("backend") == "sim")
+    if meta["simulated"]:
+        for key in ("label", "device_name"):
+            v = meta.get(key)
+            if isinstance(v, str) and v.endswith(_SIM_SUFFIX) and len(v) > len(_SIM_SUFFIX):
+                meta[key] = v[: -len(_SIM_SUFFIX)]
+    return meta
+
+
+def display_label(run: Run, label: str | None = None) -> str:
+    """A run's label as every view shows it: a simulated run's says ``(simulated)``, once.
+
+    The stored label never carries it (``run.meta["simulated"]`` says it); a label that names
+    the simulation itself (``"simulated · predicted"``) gets no second mark. ``label`` replaces
+    the stored one (a view that adds a part to it, such as the issue order).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> run = offload_lab.simulate(plan, "h200", steps=1, label="pinned")
+    >>> run.label, display_label(run)
+    ('pinned', 'pinned (simulated)')
+    """
+    label = run.label if label is None else str(label)
+    if run.simulated and "simulated" not in label.lower():
+        return label + _SIM_SUFFIX
+    return label
 
 
 def _zip_path(path: Path) -> Path:
