@@ -103,7 +103,7 @@ def test_checks_name_the_parameter_the_value_and_what_is_accepted():
 def test_the_runtime_and_the_explorer_refuse_a_bool_step_count_alike():
     # both read steps=True as a wrong type, not as one step
     from offload_lab import synthetic
-    from offload_lab.notebook.controls import ExplorerError
+    from offload_lab.notebook.state import ExplorerError
     from offload_lab.record.runtime.manager import OffloadError
 
     spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
