@@ -13,7 +13,8 @@ from torch import nn
 import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.model.checkpoints import read_header
-from offload_lab.model.spec import ModelSpec, SpecError, spec_of
+from offload_lab.model.load import spec_of
+from offload_lab.model.spec import ModelSpec, SpecError
 from offload_lab.units import SizeError, format_bytes, parse_size
 
 

@@ -70,7 +70,8 @@ class _Setup:
 
 def _shipped_gpu_runs(model: str) -> list[Run]:
     """Measured GPU runs of ``model`` shipped with the package, 480p ones only ([] when none)."""
-    from offload_lab.shipped import ShippedDataError, shipped_runs
+    from offload_lab.record.shipped import shipped_runs
+    from offload_lab.shipped import ShippedDataError
 
     try:
         runs = shipped_runs(model)

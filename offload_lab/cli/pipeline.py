@@ -118,7 +118,7 @@ def profile_pipeline(args: argparse.Namespace) -> int:
     pipe = _load(Path(args.pipeline), {})
     steps = args.steps or 4
     passes = 2 if args.guidance > 1 else 1
-    from offload_lab.model.spec import spec_of
+    from offload_lab.model.load import spec_of
 
     ps = spec_of(pipe).with_uses(steps=steps, passes=passes)
     _say(f"loaded {ps!r} in {time.perf_counter() - t0:.1f} s")

@@ -365,7 +365,7 @@ class OffloadMagics(Magics):
 
     def _pipeline_plan(self, pipe: Any, args: Any, tier: str | None) -> Any:
         """One plan per component of a pipeline, ranked by uses per request."""
-        from offload_lab.model.spec import spec_of
+        from offload_lab.model.load import spec_of
         from offload_lab.planning.pipeline import plan_pipeline
 
         try:

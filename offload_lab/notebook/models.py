@@ -19,6 +19,6 @@ def spec_for_model(model: nn.Module) -> ModelSpec:
     >>> spec_for_model(synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=2)).name
     'wan2.1-t2v-1.3b'
     """
-    from offload_lab.model.spec import spec_of
+    from offload_lab.model.load import spec_of
 
     return spec_of(model)

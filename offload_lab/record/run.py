@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from offload_lab.checks import is_int
+from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
+from offload_lab.record.chrome_trace import to_chrome_trace
 from offload_lab.record.schema import (
     EVENT_COLUMNS,
     EVENT_DTYPES,
@@ -43,7 +45,7 @@ from offload_lab.writing import atomic_write
 
 __all__ = ["Run", "display_label", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
            "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "MAX_FRAME_ROWS", "MAX_FRAME_BYTES",
-           "summarize_steps", "summarize_layers", "empty_events"]
+           "summarize_steps", "summarize_layers", "empty_events", "read_run_head", "read_run_frame"]
 
 FORMAT = "offload-lab/run"
 FORMAT_VERSION = 1
@@ -390,8 +392,6 @@ class Run:
         without being read), and frames whose values break the contract (see
         :func:`~offload_lab.record.schema.check_numbers`).
         """
-        from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
-
         path = Path(path)
         if not path.exists() and _zip_path(path).is_file():
             path = _zip_path(path)
@@ -406,8 +406,8 @@ class Run:
                 missing = sorted({"meta.json", *(f"{n}.parquet" for n in FRAMES)} - set(z.namelist()))
                 if missing:
                     raise RunFormatError(f"{where!r} is not an offload-lab run: missing {missing}")
-                head = _read_head(z, where)
-                frames = {n: _read_frame(z, n, where) for n in FRAMES}
+                head = read_run_head(z, where)
+                frames = {n: read_run_frame(z, n, where) for n in FRAMES}
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
             raise RunFormatError(f"cannot read run {where!r}: {e}") from None
         try:
@@ -423,8 +423,6 @@ class Run:
 
     def to_chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
         """The run as Chrome trace-event JSON for Perfetto (see :mod:`offload_lab.record.chrome_trace`)."""
-        from offload_lab.record.chrome_trace import to_chrome_trace
-
         return to_chrome_trace(self, path)
 
 
@@ -489,7 +487,7 @@ def _member(z: zipfile.ZipFile, name: str, where: str) -> bytes:
     return data
 
 
-def _read_head(z: zipfile.ZipFile, where: str) -> dict:
+def read_run_head(z: zipfile.ZipFile, where: str) -> dict:
     raw = _member(z, "meta.json", where)
     try:
         head = json.loads(raw)
@@ -567,7 +565,7 @@ def _check_decoded_size(raw: bytes, name: str, where: str) -> None:
                                  f"({MAX_FRAME_BYTES >> 30} GiB), the most a saved frame may decode to")
 
 
-def _read_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
+def read_run_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
     raw = _member(z, f"{name}.parquet", where)
     try:
         _check_decoded_size(raw, name, where)

@@ -86,7 +86,7 @@ def confirm(rec: Any, model: Any, fn: Any, steps: int = 3, warmup: int = 1, base
     recommendation's device profile. ``model`` must be the model the recommendation's spec
     describes (``spec_of(model)`` has its layers and bytes).
     """
-    from offload_lab.model.spec import spec_of
+    from offload_lab.model.load import spec_of
     from offload_lab.record.runtime import profile
     from offload_lab.simulation.engine import simulate
 

@@ -49,7 +49,7 @@ from offload_lab.planning.errors import PlanError, PlanWarning
 from offload_lab.planning.grants import store_bytes
 from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.placement import resident_sets
-from offload_lab.planning.planner import Plan, _resolve_host, plan
+from offload_lab.planning.planner import Plan, plan, resolve_plan_host
 from offload_lab.simulation.engine import _run_engine
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.layers import _Layer
@@ -422,7 +422,7 @@ def recommend(spec: Any, device: DeviceProfile | str = "rtx4090-pcie4", host: An
     profile = _profile(device)
     mem = _device_memory(profile, device_memory)
     passes = _passes(calls_per_step)
-    host = _resolve_host(host)
+    host = resolve_plan_host(host)
     if pin_budget is not None:
         pin_budget = plan(spec, pin_budget=pin_budget, host=host).params["pin_budget"]  # validates
     if tokens is not None:
@@ -466,7 +466,7 @@ def _recommend_pipeline(comps: Any, device: Any, host: Any, device_memory: Any, 
     ranked = sorted(comps, key=lambda c: -c.score)  # stable, as plan_pipeline ranks them
     profile = _profile(device)
     mem = _device_memory(profile, device_memory)
-    host0 = _resolve_host(host)
+    host0 = resolve_plan_host(host)
     budget = None if pin_budget is None else plan(ranked[0].spec, pin_budget=pin_budget,
                                                   host=host0).params["pin_budget"]
     out: dict[str, Recommendation] = {}
