@@ -6,6 +6,9 @@ unless told) are profiled on this machine all pinned and all pageable, prefetch 
 host costs, per-layer compute and the compute curve ``floor + FLOPs / rate``; two token counts
 fit the floor). Each layer of the same shape costs the same, so the profile predicts the full
 model's depth: the command prints the simulated full-model step beside the measured short one.
+
+The options are parsed by :mod:`offload_lab.cli.app` (this module imports torch; the parser
+must not); :func:`run` is the command.
 """
 
 from __future__ import annotations
