@@ -60,12 +60,12 @@ def test_the_cli_reports_an_offload_lab_error_in_one_line(capsys, tmp_path):
 
 def test_the_cli_keeps_the_traceback_of_a_foreign_value_error(monkeypatch):
     # a ValueError that is not the library's is a bug: it must not be reduced to a line
-    import offload_lab.cli.commands as commands
+    import offload_lab.cli.catalog_cmd as catalog_cmd
 
     def broken(args):
         raise ValueError("not ours")
 
-    monkeypatch.setattr(commands, "cmd_catalog", broken)
+    monkeypatch.setattr(catalog_cmd, "cmd_catalog", broken)
     with pytest.raises(ValueError, match="not ours"):
         main(["catalog"])
 
