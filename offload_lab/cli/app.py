@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from offload_lab import __version__
-from offload_lab.cli import calibrate, export
+from offload_lab.cli import calibrate, engines, export
 from offload_lab.cli.outputs import FORCE_HELP
 from offload_lab.errors import OffloadLabError
 from offload_lab.planning.options import (
@@ -208,7 +208,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, recommend, report,
-    catalog, export, calibrate).
+    catalog, export, calibrate, engines).
 
     >>> args = build_parser().parse_args(["simulate", "minimax-h3", "--device", "h200", "-b", "8GiB"])
     >>> args.command, args.pin_budget == 8 * 2**30, args.force
@@ -229,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_catalog(sub, fmt)
     export.add_parser(sub)
     calibrate.add_parser(sub)
+    engines.add_parser(sub)
     return parser
 
 
@@ -408,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error("no command given; choose one of demo, plan, profile, simulate, recommend, report, catalog, "
-                     "export, calibrate")
+                     "export, calibrate, engines")
     try:
         module, _, name = args.func.partition(":")
         return int(getattr(importlib.import_module(module), name)(args) or 0)

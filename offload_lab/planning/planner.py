@@ -45,6 +45,7 @@ its other tensors stay in the anonymous memory they already occupy (no new bytes
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from collections.abc import Sequence
@@ -204,6 +205,14 @@ class Plan:
             pending = sum(parts[g][2] for g in names[i + 1:])
             peak = max(peak, non_layer + done + pending)
         return peak
+
+    def to_engine(self, name: str, device: Any = None, tokens: int | str | None = None,
+                  calls: int = 1) -> Any:
+        """The nearest settings of engine ``name`` that realise this plan, as code or flags, with
+        what the engine cannot express (:func:`offload_lab.engines.to_engine`)."""
+        # looked up at run time: the engines package builds on the planner, not the reverse
+        engines = importlib.import_module("offload_lab.engines")
+        return engines.to_engine(self, name, device=device, tokens=tokens, calls=calls)
 
     # -- printing --------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:

@@ -110,7 +110,8 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     ``issue`` (``"after-compute"`` or ``"before-compute"``) and ``stage_threads`` are the
     runtime's options of the same names (see :func:`~offload_lab.offload`); ``issue=None`` takes
     the order of the run a plan was rebuilt from (:func:`plan_of_run`; runs recorded before
-    the option existed issued ``"before-compute"``), else ``"after-compute"``.
+    the option existed issued ``"before-compute"``), or of the engine a plan was made for
+    (``plan.params["issue"]``, :func:`offload_lab.engines.as_plan`), else ``"after-compute"``.
     The older form ``simulate(spec, plan, profile, ...)`` still works and warns.
 
     >>> import offload_lab
@@ -133,7 +134,8 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     spec, plan, profile = _resolve_call(plan, device, legacy)
     _check_bounds(spec, steps, passes, warmup, tokens)
     if issue is None:
-        issue = getattr(plan, "issue", None) or "after-compute"
+        # a plan of another engine (offload_lab.engines.as_plan) carries that engine's order
+        issue = getattr(plan, "issue", None) or (getattr(plan, "params", None) or {}).get("issue") or "after-compute"
     _check_issue(issue, stage_threads)
     layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens, stage_threads)
     run_id = f"sim-{uuid.uuid4().hex[:8]}"
