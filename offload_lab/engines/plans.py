@@ -187,6 +187,10 @@ def _diffusers_group(spec: ModelSpec, s: dict[str, Any], host: HostMemory, kw: d
                      "the prediction but not in diffusers")
     else:
         prefetch, when = n - 1, "onloaded synchronously in its first module's pre_forward"
+    if stream and not s["record_stream"]:
+        notes.append("record_stream=False: diffusers synchronises the compute stream when each group is offloaded, "
+                     "so the host cannot queue the next block before the device finishes this one; the simulator "
+                     "has no term for that per-group sync, so expect the predicted step to be low")
     if not block:
         notes.append("leaf_level is planned at block granularity: the copy of each block's leaves overlaps that "
                      "block (use_stream) or blocks the host leaf by leaf; the device peak is overstated by about a block")
@@ -215,8 +219,11 @@ def _diffusers_group(spec: ModelSpec, s: dict[str, Any], host: HostMemory, kw: d
                 "bytes": sum(_raw_bytes(spec, g, i) for i in part), "stream": "default"} for gid, g, part in groups]
     gid_of = {(g, i): gid for gid, g, part in groups for i in part}
     reasons = []
-    for g, i, t, r in zip(p.layers["group"], p.layers["layer"], p.layers["tier"], p.layers["reason"]):
+    for g, i, t, r, rank in zip(p.layers["group"], p.layers["layer"], p.layers["tier"], p.layers["reason"],
+                                p.layers["pin_rank"]):
         what = how if t == tier else f"{t}, not {tier}: {r.split(';')[0]}"
+        if tier == "pinned":  # planned on a roomy host: its budget figures would mislead
+            r = f"pin rank {int(rank)}, every group pinned whatever the host's budget"
         reasons.append(f"{t}: diffusers group {gid_of[(g, int(i))]}, {what}; {when}; planner: {r}")
     p.layers["reason"] = reasons
     if tier == "pinned":
