@@ -27,6 +27,7 @@ from offload_lab.engines.compare import extra_seconds, settings_text, step_secon
 from offload_lab.engines.errors import EngineError
 from offload_lab.engines.plans import ENGINES, as_plan, pinned_bytes
 from offload_lab.planning.errors import PlanWarning
+from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.planner import Plan
 from offload_lab.simulation.profile import DeviceProfile
 from offload_lab.units import format_bytes
@@ -237,7 +238,9 @@ def to_engine(p: Plan, engine: str, device: DeviceProfile | str | None = None, t
     params = p.params or {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
-        nearest = as_plan(p.spec, engine, host=p.host if p.host is not None else "64GiB",
+        # a plan read back without its host still has the host's size in its ledger
+        host = p.host if p.host is not None else HostMemory(available=int(p.ledger["available"]))
+        nearest = as_plan(p.spec, engine, host=host,
                           device_memory=params.get("device_memory"), tokens=params.get("tokens"), **s)
     costs: dict[str, Any] = {
         "pinned_bytes": pinned_bytes(p), "engine_pinned_bytes": pinned_bytes(nearest),
