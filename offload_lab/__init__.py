@@ -48,7 +48,7 @@ _EXPORTS = {
 # submodules users reach from the root: ``offload_lab.catalog.load(...)``
 _MODULES = {
     "catalog": "model.catalog", "synthetic": "model.synthetic", "flops": "model.flops",
-    "figures": "views.figures",
+    "figures": "views.figures", "engines": "engines",
 }
 _PACKAGES = {"model", "planning", "record", "simulation", "analysis", "views", "notebook", "cli"}
 

@@ -52,7 +52,7 @@ from offload_lab.planning.options import (
 )
 from offload_lab.views import exporters
 from offload_lab.views.text import text_table
-from offload_lab.vocabulary import BACKENDS
+from offload_lab.vocabulary import BACKENDS, ENGINES
 
 __all__ = ["main", "build_parser", "CliError", "text_table", "PROG"]
 
@@ -110,6 +110,15 @@ def _output(parser: argparse.ArgumentParser, help: str, **kwargs: object) -> Non
 
 
 _EPILOGS = {
+    "engines": """\
+examples:
+  offload-lab engines wan2.1-t2v-14b --device rtx4090-pcie4 --host-available 64GiB --device-memory 24GiB
+  offload-lab engines wan2.1-t2v-1.3b --device h200 --host-available 64GiB --calls 2
+  offload-lab engines wan2.1-t2v-14b --device rtx4090-pcie4 --engine diffusers-group --engine sglang-layerwise
+
+Every step time is SIMULATED (offload-lab's simulator with the device profile); each engine's
+settings are modelled as an offload-lab plan (offload_lab.engines.as_plan), its assumptions in
+plan.params["engine"]["notes"]. "pinned" is what the engine's pins really lock on the host.""",
     "main": """\
 examples:
   offload-lab demo
@@ -204,7 +213,7 @@ backend, the sized count only.""",
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, recommend, report,
-    catalog, export, calibrate).
+    catalog, export, calibrate, engines).
 
     >>> args = build_parser().parse_args(["simulate", "minimax-h3", "--device", "h200", "-b", "8GiB"])
     >>> args.command, args.pin_budget == 8 * 2**30, args.force
@@ -225,13 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_catalog(sub, fmt)
     _add_export(sub, fmt)
     _add_calibrate(sub, fmt)
+    _add_engines(sub, fmt)
     return parser
 
 
 _MODEL_HELP = "catalog name, .safetensors file/dir/index, or spec JSON"
 #: each subcommand's function, imported by ``main`` only when it runs (the module imports torch,
 #: pandas or plotly as its command needs; the parser must not)
-_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", "recommend": "offload_lab.cli.recommend:cmd_recommend",
+_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", "engines": "offload_lab.cli.engines:run", "recommend": "offload_lab.cli.recommend:cmd_recommend",
           "export": "offload_lab.cli.export:run", "calibrate": "offload_lab.cli.calibrate:run",
           **{n: f"offload_lab.cli.{n}_cmd:cmd_{n}" for n in ("plan", "profile", "simulate", "report", "catalog")}}
 
@@ -419,6 +429,30 @@ def _calibrate_scale(text: str) -> float:
     return s
 
 
+
+def _add_engines(sub: argparse._SubParsersAction, fmt: type) -> None:
+    """``engines``' options (its work is :func:`offload_lab.cli.engines.run`).
+
+    >>> a = build_parser().parse_args(["engines", "wan2.1-t2v-14b", "--device", "h200", "--calls", "2"])
+    >>> a.command, a.device, a.calls, a.host_available
+    ('engines', 'h200', 2, '256GiB')
+    """
+    p = _command(sub, fmt, "engines", "diffusers', SGLang's and offload-lab's offload settings simulated side by side",
+                 "Simulate other engines' offload settings (diffusers group / model offload, SGLang's\n"
+                 "layerwise offload) beside offload-lab's plans: one row per engine setting.")
+    p.add_argument("model", metavar="MODEL", help="catalog name, .safetensors file/dir/index, or spec JSON")
+    p.add_argument("--device", required=True, metavar="NAME|PATH",
+                   help="device profile: a shipped name (offload-lab catalog --devices) or a JSON file")
+    p.add_argument("--host-available", metavar="SIZE", default=SIM_HOST,
+                   help=f"host memory available, e.g. 64GiB (default {SIM_HOST}, not this machine)")
+    p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 24GiB (default: the profile's)")
+    p.add_argument("--tokens", type=argparse_type(parse_tokens, "tokens"), metavar="480p|N",
+                   help="video tokens or a resolution (default: the model's smallest, 480p)")
+    p.add_argument("--calls", type=argparse_type(lambda t: parse_count(t, "calls", 1, MAX_PASSES), "calls"),
+                   default=1, metavar="N", help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
+    p.add_argument("--engine", action="append", choices=list(ENGINES), metavar="NAME",
+                   help=f"only this engine (repeatable; default all: {', '.join(ENGINES)})")
+
 def _add_calibrate(sub: argparse._SubParsersAction, fmt: type) -> None:
     """``calibrate``'s options (its work is :func:`offload_lab.cli.calibrate.run`).
 
@@ -474,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error("no command given; choose one of demo, plan, profile, simulate, recommend, report, catalog, "
-                     "export, calibrate")
+                     "export, calibrate, engines")
     try:
         module, _, name = args.func.partition(":")
         return int(getattr(importlib.import_module(module), name)(args) or 0)

@@ -8,6 +8,7 @@ module sits between the two so that neither imports the other.
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -185,6 +186,14 @@ class Plan:
             pending = sum(parts[g][2] for g in names[i + 1:])
             peak = max(peak, non_layer + done + pending)
         return peak
+
+    def to_engine(self, name: str, device: Any = None, tokens: int | str | None = None,
+                  calls: int = 1) -> Any:
+        """The nearest settings of engine ``name`` that realise this plan, as code or flags, with
+        what the engine cannot express (:func:`offload_lab.engines.to_engine`)."""
+        # looked up by name when called: the engines package builds on the planner, not the reverse
+        engines = importlib.import_module("offload_lab.engines")
+        return engines.to_engine(self, name, device=device, tokens=tokens, calls=calls)
 
     # -- printing --------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:

@@ -114,7 +114,8 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
     ``issue`` (``"after-compute"`` or ``"before-compute"``) and ``stage_threads`` are the
     runtime's options of the same names (see :func:`~offload_lab.offload`); ``issue=None`` takes
     the order of the run a plan was rebuilt from (:func:`plan_of_run`; runs recorded before
-    the option existed issued ``"before-compute"``), else ``"after-compute"``.
+        # a plan rebuilt from a run, or another engine's (offload_lab.engines.as_plan), carries its order
+        issue = plan.issue or plan.params.get("issue") or "after-compute"
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
@@ -136,7 +137,8 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
     spec, plan, profile = _resolve_call(plan, device)
     _check_bounds(spec, steps, passes, warmup, tokens)
     if issue is None:
-        issue = plan.issue or "after-compute"
+        # a plan rebuilt from a run, or another engine's (offload_lab.engines.as_plan), carries its order
+        issue = plan.issue or plan.params.get("issue") or "after-compute"
     _check_issue(issue, stage_threads)
     layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens, stage_threads)
     run_id = f"sim-{uuid.uuid4().hex[:8]}"

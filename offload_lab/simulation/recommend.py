@@ -33,6 +33,7 @@ budgets and forced tiers are planned once, around the best, to draw the front.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import textwrap
 import warnings
@@ -223,6 +224,15 @@ class Recommendation:
         front["step_s"] = [step_text(float(v), self.calls_per_step) for v in front["step_s"]]
         return (f"<p><b>{escape(repr(self))}</b></p><p>{escape(self.explanation)}</p>"
                 + front.to_html(index=False, escape=True))
+
+    def to_engine(self, name: str) -> Any:
+        """The best plan as engine ``name``'s nearest settings, its cost simulated on this
+        recommendation's device (:func:`offload_lab.engines.to_engine`)."""
+        if self.best is None:
+            raise RecommendError(f"nothing fits {self.profile.name} here, so there is no plan to export to {name!r}")
+        # looked up at run time: the engines package builds on recommend, not the reverse
+        engines = importlib.import_module("offload_lab.engines")
+        return engines.to_engine(self.best, name, device=self.profile, tokens=self.tokens, calls=self.calls_per_step)
 
     def confirm(self, model: Any, fn: Any, steps: int = 3, warmup: int = 1, baseline: Plan | None = None,
                 backend: str = "auto") -> Any:
