@@ -20,6 +20,7 @@ from torch import nn
 
 from offload_lab.model.pipeline import torch_components
 from offload_lab.record.runtime.manager import ACTIVE, OffloadError, OffloadManager
+from offload_lab.record.runtime.options import OffloadOptions, resolve_options
 
 if TYPE_CHECKING:
     from offload_lab.planning.pipeline import PipelinePlan
@@ -48,7 +49,7 @@ class PipelineManager(OffloadManager):
 
     _context = "offload(pipe, pipeline_plan)"
 
-    def __init__(self, pipe: Any, pplan: PipelinePlan, **kwargs: Any):
+    def __init__(self, pipe: Any, pplan: PipelinePlan, options: OffloadOptions | None = None, **kwargs: Any):
         mods = torch_components(pipe)
         missing = [n for n in pplan.components if n not in mods]
         if missing:
@@ -60,9 +61,10 @@ class PipelineManager(OffloadManager):
         self.pipe = pipe
         self._units = {n: _entries(comps[n]) for n in units}
         self._components = comps
-        if kwargs.get("scheduler", "auto") == "auto":
-            kwargs["scheduler"] = pipe
-        super().__init__(PipelineModules(comps, units), plan, **kwargs)
+        opts = resolve_options(options, **kwargs)
+        if isinstance(opts.scheduler, str) and opts.scheduler == "auto":
+            opts = opts.replace(scheduler=pipe)
+        super().__init__(PipelineModules(comps, units), plan, options=opts)
 
     def _start(self) -> None:
         super()._start()
