@@ -278,7 +278,12 @@ class OffloadManager(Recorder):
 
         def close_backend() -> None:
             if self._backend is not None:
-                self._backend.close()
+                # close joins every copy and stager thread (with a timeout); a thread an
+                # interrupt started while close ran is joined by a second pass
+                for _ in range(3):
+                    self._backend.close()
+                    if not self._backend.threads_alive():
+                        break
 
         def free_staging() -> None:
             for g in self._groups:
