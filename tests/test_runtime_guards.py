@@ -215,3 +215,32 @@ def test_a_manager_never_left_is_restored_at_exit(tier):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "restored True"
     assert proc.stderr == ""
+
+
+def test_a_caller_waiting_when_ctrl_c_cuts_the_first_short_is_let_through():
+    model = Net()
+    x = torch.randn(2, D)
+    with torch.no_grad():
+        ref = model(x)
+    results = []
+
+    def interrupt(block, args):
+        # the second caller reaches the gate and waits; then the first call is cut short
+        waiter.start()
+        threading.Event().wait(0.2)
+        raise KeyboardInterrupt
+
+    def second():
+        with torch.no_grad():
+            results.append(torch.equal(model(x), ref))
+
+    waiter = threading.Thread(target=second, daemon=True)  # a failure must not hang the session
+    with pytest.raises(KeyboardInterrupt):
+        with offload(model, _plan(model), backend="cpu"), torch.no_grad():
+            h = model.blocks[1].register_forward_pre_hook(interrupt)
+            try:
+                model(x)
+            finally:
+                h.remove()
+    waiter.join(timeout=30)
+    assert not waiter.is_alive() and results == [True]

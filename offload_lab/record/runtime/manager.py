@@ -66,6 +66,13 @@ class CallGate:
             self._depth.n = n - 1
             self._lock.release()
 
+    def release_all(self) -> None:
+        """Let go of every level this thread holds: a forward cut short by an interrupt never
+        runs its post-hooks (torch runs ``always_call`` hooks on an ``Exception`` only)."""
+        while getattr(self._depth, "n", 0):
+            self._depth.n -= 1
+            self._lock.release()
+
     def acquire(self, timeout: float) -> bool:
         return self._lock.acquire(timeout=timeout)
 
@@ -219,6 +226,7 @@ class OffloadManager(Recorder):
         finally:
             if held:
                 self._gate.release()
+            self._gate.release_all()
 
     def _start(self) -> None:
         mem0 = process_memory()
