@@ -311,11 +311,3 @@ def is_noisy(run: Run, limit: float = NOISY_SPREAD) -> bool:
     spread = step_spread(run)
     return bool(not run.simulated and math.isfinite(spread) and spread > limit)
 
-
-def __getattr__(name: str) -> Any:
-    # compare() moved to analysis.comparison; old imports from here keep working
-    if name in ("compare", "COMPARE_COLUMNS"):
-        from offload_lab.analysis import comparison
-
-        return getattr(comparison, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
 from offload_lab.vocabulary import ISSUE_ORDERS
@@ -43,8 +44,6 @@ def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
     >>> round(again.step_time / run.step_time, 4)
     1.0
     """
-    from offload_lab.model.spec import ModelSpec
-
     if not isinstance(run, Run):
         raise SimError(f"plan_of_run needs an offload_lab.Run, got {type(run).__name__}")
     df = run.layers.reset_index(drop=True)
@@ -65,8 +64,6 @@ def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
 
 def _spec_of_layers(run: Run, df: pd.DataFrame) -> Any:
     """A spec with the run's layers and bytes (one tensor per layer, two with a checkpoint view)."""
-    from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
-
     groups = [g for g in (run.meta.get("groups") or []) if g in set(df["group"])] or \
         list(dict.fromkeys(df["group"].astype(str)))
     gspecs = []
