@@ -14,9 +14,9 @@ interact:
 :func:`~offload_lab.simulate` with ``ranks_per_node`` simulates one rank on a profile derated
 that way (:func:`derated`) and returns the node as a multi-rank run (:func:`node_run`; every
 rank the same: ranks of a sequence-parallel DiT run the same layer at the same time, so they
-copy at once — the worst case, taken here). The derating is an
-estimate, not a measurement: the ranks are assumed to overlap their copies completely, the
-memory bus to split evenly, and pinned DMA never to be limited by host memory bandwidth.
+copy at once — the worst case, taken here). The derating is an estimate, not a measurement:
+the ranks are assumed to overlap their copies completely, the memory bus to split evenly, and
+pinned DMA never to be limited by host memory bandwidth.
 :meth:`NodeProfile.estimate` is a starting point when the node's memcpy ceiling has not been
 measured; its rule is written in its ``provenance``.
 
@@ -40,7 +40,8 @@ from offload_lab.record.run import Run
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.profile import DeviceProfile
 
-__all__ = ["NodeProfile", "node_device", "derated", "node_run", "node_bandwidths", "STAGED_TIERS", "ESTIMATE_FACTOR", "MAX_RANKS"]
+__all__ = ["NodeProfile", "node_device", "derated", "node_run", "node_bandwidths", "STAGED_TIERS",
+           "ESTIMATE_FACTOR", "MAX_RANKS"]
 
 #: the bandwidth keys a host memcpy stages (they share the node's memory bus)
 STAGED_TIERS = ("pageable", "mapped_warm", "mapped_cold")
