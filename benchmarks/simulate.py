@@ -46,17 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     from offload_lab import simulation as sim
     from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
     from offload_lab.record.run import Run
-    from offload_lab.simulation.engine import _run_engine
-    from offload_lab.simulation.layers import _prepare
+    from offload_lab.simulation.engine import run_engine
+    from offload_lab.simulation.layers import prepare
 
     rows = []
 
     def case(name: str, spec, plan_fn, profile, steps: int, tokens=None) -> None:
         plan = plan_fn()
-        layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens)
-        ev, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, 1)
+        layers, streamed, prefetch, info, _ = prepare(spec, plan, profile, tokens)
+        ev, bounds, mem = run_engine(spec, streamed, prefetch, info, profile, steps, 1)
         plan_t = _time(plan_fn, args.repeat)
-        eng_t = _time(lambda: _run_engine(spec, streamed, prefetch, info, profile, steps, 1), args.repeat)
+        eng_t = _time(lambda: run_engine(spec, streamed, prefetch, info, profile, steps, 1), args.repeat)
         build_t = _time(lambda: Run.build(ev, bounds, plan.layers, mem, {"backend": "sim"}), args.repeat)
         sim_t = _time(lambda: sim.simulate(plan, profile, steps=steps, tokens=tokens), args.repeat)
         total_t = _time(lambda: sim.simulate(plan_fn(), profile, steps=steps, tokens=tokens), args.repeat)

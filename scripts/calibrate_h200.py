@@ -61,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     pinned = [r for r in runs.values() if set(r.layers["tier"]) == {"pinned"} and r.meta["model"] == spec14.name
               and r.meta["gpu_check"]["tokens"] == tokens]
     host = offload_lab.calibrate(pinned)
-    from offload_lab.simulation.calibration import _fit_curve, _fit_effects
+    from offload_lab.simulation.calibration import fit_curve, fit_effects
     from offload_lab.simulation.heldout import held_out
 
     measured = [r for r in runs.values() if r.backend == "cuda"]
-    effects = _fit_effects(measured)
-    curve = _fit_curve(measured, False, None, None, effects)
+    effects = fit_effects(measured)
+    curve = fit_curve(measured, False, None, None, effects)
     by_file = {p.stem: r for p, r in zip(files, runs.values()) if r.backend == "cuda"}
     loo = held_out(by_file, schemes=("loo",))
     step_error = float(loo["loo_err"].abs().max())

@@ -175,6 +175,15 @@ def test_analysis_does_not_import_plotly():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_analysis_imports_neither_simulation_nor_views():
+    # analysis pairs a prediction with a measurement by the run's regime, read from record
+    code = ("import sys, offload_lab; from offload_lab.analysis.comparison import compare, why_not_paired; "
+            "a, b = offload_lab.shipped_runs('wan2.1-t2v-14b')[:2]; why_not_paired(a, b); compare([a, b]); "
+            "up = sorted(m for m in sys.modules if m.startswith(('offload_lab.simulation', 'offload_lab.views'))); "
+            "assert not up, up")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_all_resident_run_is_compute_bound():
     spec = catalog.load("wan2.1-t2v-14b")
     plan = offload_lab.plan(spec, resident=40, host=HOST)

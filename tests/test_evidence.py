@@ -163,3 +163,18 @@ def test_cli_simulate_prints_both_orders_with_evidence():
     assert "unconfirmed — no GPU run of this issue order yet" in rows["after-compute"]
     assert "±" not in rows["after-compute"]
     assert re.search(r"held-out ± [0-4]\.\d %", rows["before-compute"]), rows
+
+
+def test_simulation_imports_neither_analysis_nor_plotly_nor_torch():
+    # the whole simulator, the recommender and its confirmation included: confirm imports the
+    # runtime, and so torch, only when it runs; running the simulator reads no analysis
+    code = ("import sys, offload_lab, offload_lab.simulation.recommend, offload_lab.simulation.confirm; "
+            "from offload_lab.simulation.evidence import both_orders, other_order; "
+            "assert 'torch' not in sys.modules; "
+            "spec = offload_lab.catalog.load('wan2.1-t2v-1.3b'); "
+            "p = offload_lab.plan(spec, tier='pageable', host=offload_lab.HostMemory(available='64GiB')); "
+            "a = both_orders(p, 'h200', steps=1)[0]; other_order(a); "
+            "offload_lab.simulate(p, 'h200', steps=1, ranks_per_node=2); "
+            "up = sorted(m for m in sys.modules if m.startswith('offload_lab.analysis') or m == 'plotly'); "
+            "assert not up, up")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

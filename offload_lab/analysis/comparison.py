@@ -23,7 +23,9 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.analysis.ranks import is_multi_rank, slowest_rank_run, split_ranks
 from offload_lab.analysis.summary import as_runs, metrics
+from offload_lab.record.regime import issue_of, run_regime
 from offload_lab.record.run import Run, display_label
 
 COMPARE_COLUMNS = ["label", "backend", "simulated", "tiers", "step_s", "ratio", "stall_s",
@@ -34,10 +36,12 @@ _DTYPES = {"label": "string", "backend": "string", "simulated": "bool", "tiers":
            "overlap": "float64", "bound_s": "float64", "vs_bound": "float64", "ratio_to": "string",
            "ratio_note": "string", "spread": "float64", "noisy": "bool"}
 
-__all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable", "why_not_paired", "device_of"]
+__all__ = ["COMPARE_COLUMNS", "compare", "why_not_comparable", "why_not_paired", "device_of", "sim_device",
+           "tokens_of_meta"]
 
 
-def _tokens(meta: dict[str, Any]) -> Any:
+def tokens_of_meta(meta: dict[str, Any]) -> Any:
+    """The token count a run's ``meta`` records (a simulated run's resolved count), or None."""
     # simulations record tokens at the top of meta (and the count a default resolved to);
     # GPU check runs under their own settings
     sim = bool(meta.get("simulated"))
@@ -93,10 +97,10 @@ def why_not_comparable(a: Run, b: Run) -> str | None:
     'tokens 1024 vs 4096'
     """
     pairs = (("model", a.meta.get("model"), b.meta.get("model")),
-             ("tokens", _tokens(a.meta), _tokens(b.meta)),
+             ("tokens", tokens_of_meta(a.meta), tokens_of_meta(b.meta)),
              ("backend", _backend(a), _backend(b)),
              # two predictions are of one device only when their profiles are the same one
-             ("device", _sim_device(a), _sim_device(b)))
+             ("device", sim_device(a), sim_device(b)))
     for what, x, y in pairs:
         if x != y:
             return f"{what} {'unknown' if x is None else x} vs {'unknown' if y is None else y}"
@@ -106,7 +110,8 @@ def why_not_comparable(a: Run, b: Run) -> str | None:
     return None
 
 
-def _sim_device(run: Run) -> str | None:
+def sim_device(run: Run) -> str | None:
+    """A simulated run's profile name (None for a measured run)."""
     prof = run.meta.get("profile")
     return (str(prof.get("name")) if isinstance(prof, dict) and prof.get("name") else str(run.meta.get("device_name"))) \
         if run.simulated else None
@@ -126,11 +131,9 @@ def why_not_paired(sim: Run, measured: Run) -> str | None:
     >>> why_not_paired(offload_lab.simulate(p, "rtx4090-pcie4", steps=2), meas)
     'device rtx4090-pcie4 (no measured run) vs NVIDIA H200'
     """
-    from offload_lab.simulation.evidence import issue_of, run_regime
-
     checks = (("device", device_of(sim), device_of(measured)),
               ("model", sim.meta.get("model"), measured.meta.get("model")),
-              ("tokens", _tokens(sim.meta), _tokens(measured.meta)))
+              ("tokens", tokens_of_meta(sim.meta), tokens_of_meta(measured.meta)))
     for what, x, y in checks:
         if x != y:
             return f"{what} {'unknown' if x is None else x} vs {'unknown' if y is None else y}"
@@ -174,8 +177,6 @@ RANK_MODES = ("all", "max")
 
 def _expand_ranks(runs: list[Run], ranks: str) -> list[Run]:
     """A multi-rank run as its ranks' runs plus the node's (``"all"``) or the node's alone (``"max"``)."""
-    from offload_lab.analysis.ranks import is_multi_rank, slowest_rank_run, split_ranks
-
     if ranks not in RANK_MODES:
         raise ValueError(f"ranks {ranks!r} is not one of {list(RANK_MODES)}")
     out = []

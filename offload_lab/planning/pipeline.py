@@ -226,7 +226,7 @@ def plan_pipeline(
         params = {"pin_budget": user, **u.params, "component": c.name, "uses": c.uses,
                   "rank": i}
         plans[c.name] = finish_plan(u, ledger_of(host, out), params, list(msgs), host)
-        add_device(plans[c.name], _tokens_for(c.spec, tokens), None)
+        add_device(plans[c.name], tokens_for(c.spec, tokens), None)
         rows.append({
             "rank": i, "component": c.name, "uses": c.uses, "bytes": c.spec.layer_bytes,
             "score": c.score,
@@ -251,7 +251,7 @@ def plan_pipeline(
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
 
 
-def _tokens_for(spec: ModelSpec, tokens: int | str | None) -> int | str | None:
+def tokens_for(spec: ModelSpec, tokens: int | str | None) -> int | str | None:
     """``tokens`` when ``spec`` can use it, else ``None`` (the spec's own default)."""
     if tokens is None or not isinstance(tokens, str):
         return tokens

@@ -9,16 +9,18 @@ import numpy as np
 import pandas as pd
 
 from offload_lab.checks import is_number
+from offload_lab.model import catalog, flops
+from offload_lab.model.spec import ModelSpec
 from offload_lab.record.intervals import busy_within, overlap_with_union
 from offload_lab.record.run import Run
 from offload_lab.simulation import gpu_effects
-from offload_lab.simulation.engine import _run_engine
+from offload_lab.simulation.engine import run_engine
 from offload_lab.simulation.errors import SimError
-from offload_lab.simulation.layers import _prepare
+from offload_lab.simulation.layers import prepare
 from offload_lab.simulation.profile import DeviceProfile
 from offload_lab.simulation.runs import plan_of_run
 
-__all__ = ["calibrate", "CPU_PRIOR", "contention_prior", "tokens_of", "spec_of_run"]
+__all__ = ["calibrate", "CPU_PRIOR", "contention_prior", "tokens_of", "spec_of_run", "fit_curve", "fit_effects"]
 
 #: (contention, copy_priority) assumed for a cpu run that cannot show its own: the two take
 #: turns and the copy goes first. Fitted on this project's fixture runs (tests/data/runs, a
@@ -82,7 +84,7 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
     """
     runs, backend, sync = _check_runs(run, contention, copy_priority)
     prior = _check_prior(prior)
-    fx = None if sync else _fit_effects(_check_effect_runs(effects_from, runs, backend))
+    fx = None if sync else fit_effects(_check_effect_runs(effects_from, runs, backend))
     counts: dict[int | None, int] = {}
     for r in runs:
         counts[tokens_of(r)] = counts.get(tokens_of(r), 0) + 1
@@ -91,7 +93,7 @@ def calibrate(run: Run | list[Run], name: str | None = None, contention: float |
         tokens = max(counts, key=lambda t: (counts[t], t or 0))
     at = [r for r in runs if tokens_of(r) in (tokens, None)] or runs
     prof = _calibrate(at, name, contention, copy_priority, tokens, match_steps=False, fx=fx, prior=prior)
-    curve = _fit_curve(runs, sync, contention, copy_priority, fx, prior)
+    curve = fit_curve(runs, sync, contention, copy_priority, fx, prior)
     if len(at) < len(runs):
         # bandwidths do not depend on tokens: every run's copies count
         every = _calibrate(runs, name, contention, copy_priority, tokens, match_steps=False, fx=fx, prior=prior)
@@ -128,9 +130,6 @@ def spec_of_run(run: Run) -> Any:
     >>> spec_of_run(offload_lab.simulate(plan, "h200", steps=1)).meta["arch"]
     'wan'
     """
-    from offload_lab.model import catalog
-    from offload_lab.model.spec import ModelSpec
-
     model = run.meta.get("model")
     if model in catalog.names():
         spec = catalog.load(model)
@@ -159,13 +158,13 @@ def _check_effect_runs(effects_from: Any, runs: list[Run], backend: str) -> list
     return list(effects_from)
 
 
-def _fit_effects(runs: list[Run]) -> gpu_effects.Effects:
+def fit_effects(runs: list[Run]) -> gpu_effects.Effects:
     """``copy_slowdown`` and ``idle_speedup`` of cuda runs (any models; each above its own
     model's floors of a first curve), with those floors."""
     by_model: dict[Any, list[Run]] = {}
     for r in runs:
         by_model.setdefault(r.meta.get("model"), []).append(r)
-    floors = {m: {g: c[0] for g, c in _fit_curve(rs, False, None, None).items()} for m, rs in by_model.items()}
+    floors = {m: {g: c[0] for g, c in fit_curve(rs, False, None, None).items()} for m, rs in by_model.items()}
     parts = [{**_observe(r, False), "family": f"{r.meta.get('model')}|{tokens_of(r)}",
               "floors": floors[r.meta.get("model")]} for r in runs]
     fx = gpu_effects.fit(parts)
@@ -173,12 +172,10 @@ def _fit_effects(runs: list[Run]) -> gpu_effects.Effects:
                                                        for g, f in fl.items())))
 
 
-def _fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any,
+def fit_curve(runs: list[Run], sync: bool, contention: Any, copy_priority: Any,
                fx: gpu_effects.Effects | None = None,
                prior: tuple[float, float] = CPU_PRIOR) -> dict[str, list[float]]:
     """``{group: [floor_s, tflops], "*": ...}`` from each layer's median compute against its FLOPs."""
-    from offload_lab.model import flops
-
     pts: dict[str, list[tuple[float, float]]] = {}
     for r in runs:
         spec, tok = spec_of_run(r), tokens_of(r)
@@ -433,8 +430,8 @@ def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: 
                  span: bool = False) -> float | tuple[float, float]:
     """``simulate(...).step_time`` without building the Run (calibration loops on it); with
     ``span``, also the median span of a step's layers (first compute start to last compute end)."""
-    _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
-    ev, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=span,
+    _, streamed, prefetch, info, _ = prepare(spec, plan, prof, None)
+    ev, bounds, _ = run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=span,
                                 issue=plan.issue or "after-compute")
     kept = bounds.iloc[warmup:]
     step = float((kept["end_s"] - kept["start_s"]).median())

@@ -21,8 +21,11 @@ from typing import Any
 
 import pandas as pd
 
+from offload_lab.model.load import spec_of
 from offload_lab.planning.planner import Plan, plan
+from offload_lab.simulation.engine import simulate
 from offload_lab.simulation.errors import SimError
+from offload_lab.units import format_bytes
 
 __all__ = ["Confirmation", "confirm", "CONFIRM_COLUMNS"]
 
@@ -50,8 +53,6 @@ class Confirmation:
                 for k in ("predicted", "measured")}
 
     def summary(self) -> str:
-        from offload_lab.units import format_bytes
-
         lines = []
         for _, r in self.table.iterrows():
             lines.append(f"{r['plan']}: predicted {r['predicted_step_s']:.4f} s/step (simulated), measured "
@@ -86,9 +87,7 @@ def confirm(rec: Any, model: Any, fn: Any, steps: int = 3, warmup: int = 1, base
     recommendation's device profile. ``model`` must be the model the recommendation's spec
     describes (``spec_of(model)`` has its layers and bytes).
     """
-    from offload_lab.model.load import spec_of
-    from offload_lab.record.runtime import profile
-    from offload_lab.simulation.engine import simulate
+    from offload_lab.record.runtime import profile  # heavy: torch
 
     if rec.best is None:
         raise SimError(f"nothing to confirm: no plan of {rec.spec.name!r} fits ({rec.explanation[:120]}...)")

@@ -64,18 +64,21 @@ from typing import Any
 import pandas as pd
 
 from offload_lab.checks import check_choice, check_int
+from offload_lab.model import flops
 from offload_lab.model.spec import ModelSpec
 from offload_lab.planning.pipeline import PipelinePlan
 from offload_lab.planning.planner import Plan
+from offload_lab.record.regime import copy_class
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
-from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, _Events
-from offload_lab.simulation.evidence import copy_class, evidence_of
-from offload_lab.simulation.layers import _Layer, _prepare
-from offload_lab.simulation.profile import DeviceProfile, names
-from offload_lab.vocabulary import TIERS
+from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, Events
+from offload_lab.simulation.layers import Layer, prepare
+from offload_lab.simulation.node import derated, node_device, node_run
+from offload_lab.simulation.profile import DeviceProfile, default_tokens, names
+from offload_lab.simulation.regimes import evidence_of
+from offload_lab.vocabulary import ISSUE_ORDERS, TIERS
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "run_engine", "check_bounds"]
 
 
 #: Bounds of what a simulation may be asked for. A sampler runs tens to a few thousand steps
@@ -129,20 +132,19 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
     offload_lab.simulation.errors.SimError: steps = 100000000; accepted: an int in [1, 100000]
     """
     if isinstance(ranks_per_node, bool) or ranks_per_node != 1 or node is not None:
-        from offload_lab.simulation.node import simulate_node
-
         spec, plan, profile = _resolve_call(plan, device)
-        return simulate_node(plan, profile, ranks_per_node, node, steps=steps, tokens=tokens, label=label,
-                             warmup=warmup, passes=passes)
+        profile, node, ranks = node_device(profile, ranks_per_node, node)
+        one = simulate(plan, derated(profile, node, ranks), steps=steps, tokens=tokens, warmup=warmup, passes=passes)
+        return node_run(one, profile, node, ranks, label)
     spec, plan, profile = _resolve_call(plan, device)
-    _check_bounds(spec, steps, passes, warmup, tokens)
+    check_bounds(spec, steps, passes, warmup, tokens)
     if issue is None:
         # a plan rebuilt from a run, or another engine's (offload_lab.engines.as_plan), carries its order
         issue = plan.issue or plan.params.get("issue") or "after-compute"
     _check_issue(issue, stage_threads)
-    layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens, stage_threads)
+    layers, streamed, prefetch, info, _ = prepare(spec, plan, profile, tokens, stage_threads)
     run_id = f"sim-{uuid.uuid4().hex[:8]}"
-    events, bounds, mem = _run_engine(spec, streamed, prefetch, info, profile, steps, passes, run=run_id,
+    events, bounds, mem = run_engine(spec, streamed, prefetch, info, profile, steps, passes, run=run_id,
                                       issue=issue)
 
     tiers = Counter(lay.tier for lay in info.values())
@@ -185,12 +187,9 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
 
 
 def _tokens_used(spec: Any, profile: DeviceProfile, tokens: int | str | None) -> int | None:
-    from offload_lab.model import flops
-    from offload_lab.simulation.profile import _default_tokens
-
     try:
         if tokens is None:
-            tokens = profile.tokens if profile.tokens is not None else _default_tokens(spec)
+            tokens = profile.tokens if profile.tokens is not None else default_tokens(spec)
         return int(flops.resolve_tokens(spec, tokens))
     except (SimError, flops.FlopsError):
         return None  # a spec that names no token count, with per-layer compute seconds
@@ -213,15 +212,12 @@ def _resolve_call(plan: Any, device: Any) -> tuple[ModelSpec, Plan, DeviceProfil
     return plan.spec, plan, device
 
 
-from offload_lab.planning.options import ISSUE_ORDERS  # noqa: E402  (one list for every surface)
-
-
 def _check_issue(issue: Any, stage_threads: Any) -> None:
     check_choice("issue", issue, ISSUE_ORDERS, error=SimError)
     check_int("stage_threads", stage_threads, minimum=1, maximum=64, error=SimError)
 
 
-def _check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) -> None:
+def check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) -> None:
     """Refuse, in one line, what no real schedule asks for (the bounds say why)."""
     for what, v, lo, hi in (("steps", steps, 1, MAX_STEPS), ("passes", passes, 1, MAX_PASSES),
                             ("warmup", warmup, 0, MAX_STEPS - 1)):
@@ -236,8 +232,6 @@ def _check_bounds(spec: Any, steps: Any, passes: Any, warmup: Any, tokens: Any) 
     if tokens is None:
         return
     if isinstance(tokens, str):
-        from offload_lab.model import flops
-
         n = flops.resolve_tokens(spec, tokens)
     else:
         n = tokens
@@ -255,7 +249,7 @@ class _Walk:
     """
 
     def __init__(self, spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
-                 info: dict[tuple[str, int], _Layer], passes: int):
+                 info: dict[tuple[str, int], Layer], passes: int):
         self.groups = [g.name for g in spec.groups]
         self.seq = {g: [info[(g, i)] for i in streamed[g]] for g in self.groups}
         self.depth = {g: min(prefetch[g], max(len(self.seq[g]) - 1, 0)) for g in self.groups}
@@ -285,11 +279,11 @@ class _Walk:
             last += 1
         return last
 
-    def seq_all(self) -> list[_Layer]:
+    def seq_all(self) -> list[Layer]:
         """Every layer of a forward, once."""
         return [lay for _, lay, _, _, _ in self.order]
 
-    def copy_of(self, g: str, q: int) -> tuple[_Layer, int, float]:
+    def copy_of(self, g: str, q: int) -> tuple[Layer, int, float]:
         """The layer, the step that uses it, and the copy's seconds (cold on a mapped first use)."""
         S = self.seq[g]
         lay = S[q % len(S)]
@@ -301,13 +295,13 @@ class _Walk:
         return lay, q // len(S), dur
 
 
-def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
-                info: dict[tuple[str, int], _Layer], prof: DeviceProfile, steps: int, passes: int,
+def run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
+                info: dict[tuple[str, int], Layer], prof: DeviceProfile, steps: int, passes: int,
                 run: str = "", frames: bool = True, issue: str = "after-compute"):
     """``(events, bounds, memory)`` frames; with ``frames=False`` only the step bounds (the
     events and memory are None), which is all calibration's step matching reads."""
     walk = _Walk(spec, streamed, prefetch, info, passes)
-    ev = _Events(list(info.values()))
+    ev = Events(list(info.values()))
     engine = _engine_sync if prof.compute_mode == "sync" else _engine_async
     bounds = pd.DataFrame(engine(walk, prof, steps, ev, issue == "after-compute"),
                           columns=["step", "start_s", "end_s"])
@@ -316,7 +310,7 @@ def _run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, i
     return ev.frame(steps, run, passes), bounds, ev.memory(spec)
 
 
-def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
+def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
                   after: bool = True) -> list[tuple[int, float, float]]:
     """A GPU: the host launches and runs ahead; one link; copies wait on the compute stream.
 
@@ -471,7 +465,7 @@ class _SyncEngine:
 
     _EPS = 1e-15
 
-    def __init__(self, walk: _Walk, prof: DeviceProfile, ev: _Events, after: bool = True):
+    def __init__(self, walk: _Walk, prof: DeviceProfile, ev: Events, after: bool = True):
         self.walk, self.prof, self.ev, self.after = walk, prof, ev, after
         c = self.c = prof.contention
         # speeds while an engine copy and the host's work overlap
@@ -567,7 +561,7 @@ class _SyncEngine:
         return bounds
 
 
-def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, ev: _Events,
+def _engine_sync(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
                  after: bool = True) -> list[tuple[int, float, float]]:
     """The cpu backend (see :class:`_SyncEngine`)."""
     return _SyncEngine(walk, prof, ev, after).steps(steps)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from offload_lab.simulation.layers import _Layer
+from offload_lab.simulation.layers import Layer
 from offload_lab.vocabulary import EVENT_KINDS
 
 #: kind codes, as the engine appends them, and the stream each kind runs on
@@ -28,17 +28,17 @@ def _strings(values: list[str], codes: np.ndarray) -> pd.api.extensions.Extensio
     return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()).take(pa.array(codes)))
 
 
-class _Events:
+class Events:
     """Event rows and memory deltas of one simulation, appended in host order."""
 
-    def __init__(self, layers: list[_Layer]):
+    def __init__(self, layers: list[Layer]):
         self.layers = layers
         # flat: step, layer id, kind code, start, end for each row; one ``extend`` per row is
         # the cheapest append Python has (the async engine extends it inline)
         self.rows: list[float] = []
         self.mem: list[float] = []  # flat: time, bytes added to the device (negative: freed)
 
-    def add(self, step: int, lay: _Layer, kind: int, start: float, end: float) -> None:
+    def add(self, step: int, lay: Layer, kind: int, start: float, end: float) -> None:
         self.rows.extend((step, lay.lid, kind, start, end))
 
     def frame(self, steps: int, run: str = "", passes: int = 1) -> pd.DataFrame:

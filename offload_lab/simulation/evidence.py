@@ -37,79 +37,35 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from offload_lab.planning.options import ISSUE_ORDERS
+from offload_lab.labels import with_part
+from offload_lab.record.regime import (  # noqa: F401  (part of this module's API)
+    COPY_CLASSES,
+    copy_class,
+    issue_of,
+    run_regime,
+    streams_host_blocking,
+)
 from offload_lab.record.run import Run
-from offload_lab.simulation.errors import SimError
+from offload_lab.simulation.calibration import spec_of_run
+from offload_lab.simulation.engine import simulate
+from offload_lab.simulation.errors import ProfileError, SimError
+from offload_lab.simulation.heldout import held_out, not_measured
+from offload_lab.simulation.profile import DeviceProfile
+from offload_lab.simulation.regimes import (  # noqa: F401  (part of this module's API)
+    STATUSES,
+    UNCONFIRMED_TEXT,
+    check_regimes,
+    evidence_of,
+)
+from offload_lab.simulation.runs import plan_of_run
+from offload_lab.vocabulary import ISSUE_ORDERS
 
 __all__ = ["COPY_CLASSES", "STATUSES", "copy_class", "run_regime", "issue_of", "regime_table",
-           "check_regimes", "evidence_of", "both_orders", "streams_host_blocking", "UNCONFIRMED_TEXT"]
-
-COPY_CLASSES = ("pinned", "host-blocking", "staged", "host-blocking+staged")
-STATUSES = ("held-out", "unconfirmed", "derived")
-#: what a prediction without a band says instead of a ± band
-UNCONFIRMED_TEXT = "unconfirmed — no GPU run of this issue order yet"
-_HOST_BLOCKING = ("pageable", "mapped")
-_DESCRIBE = {"pinned": "pinned copies only (or none)", "host-blocking": "pageable/mapped copies",
-             "staged": "staged copies", "host-blocking+staged": "pageable/mapped and staged copies"}
-
-
-def copy_class(tiers: Iterable[str]) -> str:
-    """The class of copies a plan streams, from the tiers of its streamed layers (see the module).
-
-    >>> copy_class([]), copy_class(["pageable", "staged", "pinned"])
-    ('pinned', 'host-blocking+staged')
-    """
-    ts = {str(t) for t in tiers}
-    blocking, staged = bool(ts & set(_HOST_BLOCKING)), "staged" in ts
-    if blocking and staged:
-        return "host-blocking+staged"
-    return "host-blocking" if blocking else "staged" if staged else "pinned"
-
-
-def issue_of(run: Run) -> str:
-    """A run's issue order; runs recorded before the option existed issued ``"before-compute"``."""
-    issue = run.meta.get("issue")
-    return issue if issue in ISSUE_ORDERS else "before-compute"
-
-
-def _streamed_tiers(run: Run) -> list[str]:
-    df = run.layers
-    if not len(df):
-        return []
-    streamed = df["streamed"].astype(bool) if "streamed" in df else df["tier"].astype(str) != "resident"
-    return [str(t) for t in df.loc[streamed, "tier"]]
-
-
-def _key(issue: str, copies: str) -> tuple[str, str]:
-    # a pinned-only plan runs the same way in either order (see the module text)
-    return ("any" if copies == "pinned" else issue), copies
-
-
-def run_regime(run: Run) -> dict[str, str]:
-    """``{"device", "issue", "copies"}`` of a run: the profile's name for a simulated run, the
-    recorded device for a measured one; ``issue`` is ``"any"`` for the ``pinned`` class.
-
-    >>> import offload_lab
-    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
-    >>> p = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="64GiB"))
-    >>> run_regime(offload_lab.simulate(p, "h200", steps=1))
-    {'device': 'h200', 'issue': 'after-compute', 'copies': 'host-blocking'}
-    """
-    if run.simulated:
-        prof = run.meta.get("profile")
-        device = str(prof.get("name")) if isinstance(prof, dict) else str(run.meta.get("device_name"))
-    else:
-        device = str(run.meta.get("device_name") or run.backend)
-    issue, copies = _key(issue_of(run), copy_class(_streamed_tiers(run)))
-    return {"device": device, "issue": issue, "copies": copies}
-
-
-def streams_host_blocking(run: Run) -> bool:
-    """Whether a run streams pageable, mapped or staged layers (the issue order then matters)."""
-    return copy_class(_streamed_tiers(run)) != "pinned"
+           "check_regimes", "evidence_of", "both_orders", "other_order", "streams_host_blocking",
+           "UNCONFIRMED_TEXT"]
 
 
 def regime_table(runs: Mapping[str, Run] | Sequence[Run], loo: Any = None, source: str = "") -> dict[str, Any]:
@@ -129,13 +85,11 @@ def regime_table(runs: Mapping[str, Run] | Sequence[Run], loo: Any = None, sourc
     >>> t["device_name"], [(r["issue"], r["copies"], r["runs"]) for r in t["table"]]
     ('NVIDIA H200', [('any', 'pinned', ['1.3B pinned p1', '1.3B pinned p0'])])
     """
-    from offload_lab.simulation.heldout import _not_measured, held_out
-
     if not isinstance(runs, Mapping):
         runs = {r.label: r for r in runs} if all(isinstance(r, Run) for r in runs) else runs
     if not isinstance(runs, Mapping) or not runs or not all(isinstance(r, Run) for r in runs.values()):
         raise SimError(f"regime_table needs measured runs (a dict of name -> Run or a list of Run), got {runs!r:.80}")
-    measured = {n: r for n, r in runs.items() if not _not_measured(r)}
+    measured = {n: r for n, r in runs.items() if not not_measured(r)}
     if not measured:
         raise SimError(f"regime_table needs measured runs; every run given is simulated or observed: {sorted(runs)}")
     devices = sorted({str(r.meta.get("device_name") or r.backend) for r in measured.values()})
@@ -165,81 +119,6 @@ def regime_table(runs: Mapping[str, Run] | Sequence[Run], loo: Any = None, sourc
             "table": table}
 
 
-def check_regimes(name: str, regimes: Any) -> dict[str, Any]:
-    """A profile's ``regimes`` checked (``{}``: none); raises :class:`~offload_lab.ProfileError`."""
-    from offload_lab.simulation.errors import ProfileError
-
-    if regimes is None or regimes == {}:
-        return {}
-    ok = isinstance(regimes, Mapping) and isinstance(regimes.get("device_name"), str) \
-        and isinstance(regimes.get("table"), list)
-    if not ok:
-        raise ProfileError(f"profile {name!r}: regimes {regimes!r:.80}; accepted: {{}} or "
-                           f"{{'device_name': str, 'how': str, 'table': [rows]}} (evidence.regime_table)")
-    for row in regimes["table"]:
-        good = (isinstance(row, Mapping) and row.get("issue") in (*ISSUE_ORDERS, "any")
-                and row.get("copies") in COPY_CLASSES and isinstance(row.get("runs"), list) and row["runs"]
-                and isinstance(row.get("band"), (int, float)) and not isinstance(row.get("band"), bool)
-                and math.isfinite(row["band"]) and row["band"] >= 0
-                and (row["issue"] == "any") == (row["copies"] == "pinned"))
-        if not good:
-            raise ProfileError(f"profile {name!r}: regimes row {row!r:.120}; accepted: issue in "
-                               f"{[*ISSUE_ORDERS, 'any']} ('any' exactly for copies 'pinned'), copies in "
-                               f"{list(COPY_CLASSES)}, a non-empty list of runs, band a number >= 0")
-    return {**regimes, "table": [dict(r) for r in regimes["table"]]}
-
-
-def _regime_text(issue: str, copies: str) -> str:
-    return f"{_DESCRIBE[copies]}, either issue order" if issue == "any" else f"{issue}, {_DESCRIBE[copies]}"
-
-
-def _runs_text(labels: list[str], most: int = 3) -> str:
-    shown = ", ".join(repr(x) for x in labels[:most])
-    return shown + (f" and {len(labels) - most} more" if len(labels) > most else "")
-
-
-def evidence_of(profile: Any, issue: str, copies: str) -> dict[str, Any]:
-    """``meta["evidence"]`` of a prediction on ``profile`` in ``issue`` order with ``copies``.
-
-    >>> from offload_lab.simulation import DeviceProfile
-    >>> e = evidence_of(DeviceProfile.load("h200"), "after-compute", "host-blocking")
-    >>> e["status"], e["band"]
-    ('unconfirmed', None)
-    >>> evidence_of(DeviceProfile.load("h200"), "before-compute", "host-blocking")["status"]
-    'held-out'
-    """
-    if issue not in ISSUE_ORDERS:
-        raise SimError(f"issue = {issue!r}; accepted: {', '.join(ISSUE_ORDERS)}")
-    if copies not in COPY_CLASSES:
-        raise SimError(f"copies = {copies!r}; accepted: {', '.join(COPY_CLASSES)}")
-    key_issue, _ = _key(issue, copies)
-    regime = {"device": profile.name, "issue": key_issue, "copies": copies}
-    regimes = getattr(profile, "regimes", None) or {}
-    rows = regimes.get("table") or []
-    what = _regime_text(key_issue, copies)
-    base = {"regime": regime, "runs": []}
-    if not rows and profile.provenance.get("kind") != "measured":
-        return {**base, "status": "derived", "band": None,
-                "basis": f"profile {profile.name!r} is estimated (datasheets and ratios measured on "
-                         f"another GPU); no measured run of this device backs it"}
-    if not rows:
-        return {**base, "status": "unconfirmed", "band": None,
-                "basis": f"profile {profile.name!r} was fitted on measured runs but carries no per-regime "
-                         f"held-out table (offload_lab.simulation.evidence.regime_table), so no run is held "
-                         f"out for {what}"}
-    device = regimes.get("device_name", profile.name)
-    for row in rows:
-        if row["issue"] == key_issue and row["copies"] == copies:
-            n = len(row["runs"])
-            return {**base, "runs": list(row["runs"]), "status": "held-out", "band": float(row["band"]),
-                    "basis": f"worst leave-one-out error {row['band'] * 100:.1f} % over {n} measured "
-                             f"{device} run{'s' if n != 1 else ''} of this regime ({what}): {_runs_text(row['runs'])}"}
-    have = "; ".join(_regime_text(r["issue"], r["copies"]) for r in rows)
-    return {**base, "status": "unconfirmed", "band": None,
-            "basis": f"no measured {device} run in the {issue} order with "
-                     f"{_DESCRIBE[copies]} yet (measured: {have})"}
-
-
 def both_orders(plan: Any, device: Any, **kwargs: Any) -> list[Run]:
     """The plan simulated under each issue order, each labelled with its order and evidence.
 
@@ -254,9 +133,6 @@ def both_orders(plan: Any, device: Any, **kwargs: Any) -> list[Run]:
     >>> [(r.meta["issue"], r.meta["evidence"]["status"]) for r in both_orders(p, "h200", steps=2)]
     [('after-compute', 'unconfirmed'), ('before-compute', 'held-out')]
     """
-    from offload_lab.simulation.engine import simulate
-    from offload_lab.views.text import with_part
-
     if "issue" in kwargs:
         raise SimError(f"both_orders simulates every issue order itself; got issue={kwargs['issue']!r} "
                        f"(call simulate(plan, device, issue=...) for one order)")
@@ -281,12 +157,6 @@ def other_order(run: Run) -> Run | None:
     >>> other.meta["issue"], other.meta["evidence"]["status"]
     ('before-compute', 'held-out')
     """
-    from offload_lab.simulation.calibration import spec_of_run
-    from offload_lab.simulation.engine import simulate
-    from offload_lab.simulation.errors import ProfileError
-    from offload_lab.simulation.profile import DeviceProfile
-    from offload_lab.simulation.runs import plan_of_run
-
     if not run.simulated or not streams_host_blocking(run) or run.meta.get("ranks_per_node"):
         return None
     try:

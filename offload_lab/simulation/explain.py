@@ -6,9 +6,32 @@ from __future__ import annotations
 from typing import Any
 
 from offload_lab.planning.device import activation_bytes
+from offload_lab.planning.planner import pinned_footprint
+from offload_lab.simulation.engine import simulate
 from offload_lab.units import format_bytes
 
-__all__ = ["explain", "step_bound"]
+__all__ = ["explain", "step_bound", "step_text"]
+
+
+def step_text(step_s: float, calls: int, guidance: int | None = None) -> str:
+    """A step time with its calls spelled out, so a per-call and a per-step figure never pass
+    for one another; ``guidance`` (the model's forwards per denoising step) adds what a
+    guided step would take when it differs from ``calls``.
+
+    >>> step_text(30.52, 2)
+    '15.260 s per call × 2 calls = 30.520 s/step'
+    >>> step_text(15.26, 1, guidance=2)
+    '15.260 s/step (1 call; 2 calls with guidance: ≈ 30.520 s)'
+    """
+    if calls == 1:
+        text = f"{step_s:.3f} s/step (1 call"
+        if guidance and guidance != 1:
+            text += f"; {guidance} calls with guidance: ≈ {step_s * guidance:.3f} s"
+        return text + ")"
+    text = f"{step_s / calls:.3f} s per call × {calls} calls = {step_s:.3f} s/step"
+    if guidance and guidance != calls:
+        text += f" ({guidance} calls with guidance: ≈ {step_s / calls * guidance:.3f} s)"
+    return text
 
 
 def step_bound(timer: Any, plan: Any) -> dict[str, float]:
@@ -19,9 +42,9 @@ def step_bound(timer: Any, plan: Any) -> dict[str, float]:
     passes = timer.passes
     compute = sum(timer.compute.values()) * passes
     df = plan.layers[plan.layers["streamed"]]
-    copy = sum(timer._copy(str(t), int(b), int(m))[0] for t, b, m in zip(df["tier"], df["bytes"], df["mapped_bytes"]))
+    copy = sum(timer.copy_seconds(str(t), int(b), int(m))[0] for t, b, m in zip(df["tier"], df["bytes"], df["mapped_bytes"]))
     copy *= passes
-    blocking = sum(timer._copy(str(t), int(b), int(m))[0] for t, b, m in zip(df["tier"], df["bytes"], df["mapped_bytes"])
+    blocking = sum(timer.copy_seconds(str(t), int(b), int(m))[0] for t, b, m in zip(df["tier"], df["bytes"], df["mapped_bytes"])
                    if timer.profile.blocks_host(str(t))) * passes
     return {"compute_s": compute, "copy_s": copy, "blocking_s": blocking, "bound_s": max(compute, copy)}
 
@@ -47,8 +70,6 @@ def explain(rec: Any, s: Any) -> str:
     when the simulator marks its prediction unconfirmed — what the before-compute order predicts."""
     if rec.best is None:
         return _nothing_fits(rec, s)
-    from offload_lab.simulation.recommend import step_text
-
     tried = rec.tried
     b = rec.best_row
     best = rec.best
@@ -94,8 +115,6 @@ def explain(rec: Any, s: Any) -> str:
                  f"fastest it pins the fewest host bytes, then holds the smallest device peak, then the fewest "
                  f"resident layers.")
     if pinned:
-        from offload_lab.planning.planner import pinned_footprint
-
         pow2 = pinned_footprint(best, "pow2")
         if pow2 != pinned:
             text += (f" Pinned through a caching allocator that rounds each layer's store up to a power of two, "
@@ -127,8 +146,6 @@ def explain(rec: Any, s: Any) -> str:
 def _evidence(rec: Any) -> str:
     """A sentence when the simulator marks the best plan's prediction unconfirmed: the step the
     before-compute issue order predicts for the same plan (the other order the runtime has)."""
-    from offload_lab.simulation.engine import simulate
-
     kw = {"steps": 2, "tokens": rec.tokens, "passes": rec.calls_per_step}
     ev = simulate(rec.best, rec.profile, **kw).meta.get("evidence") or {}
     if not isinstance(ev, dict) or ev.get("status") != "unconfirmed":

@@ -34,16 +34,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.simulation.calibration import contention_prior, spec_of_run, tokens_of
-from offload_lab.simulation.errors import SimError
+from offload_lab.simulation.calibration import calibrate, contention_prior, spec_of_run, tokens_of
+from offload_lab.simulation.engine import simulate
+from offload_lab.simulation.errors import ProfileError, SimError
+from offload_lab.simulation.runs import plan_of_run
 
-__all__ = ["held_out", "SCHEMES"]
+__all__ = ["held_out", "SCHEMES", "not_measured"]
 
 
 def fit(train: list[Any], model: str, tokens: int | None) -> Any:
     """A profile for ``model`` at ``tokens`` from ``train`` runs only (see the module text)."""
-    from offload_lab import calibrate
-
     by_model: dict[Any, list] = {}
     for r in train:
         by_model.setdefault(r.meta.get("model"), []).append(r)
@@ -85,9 +85,6 @@ def fit(train: list[Any], model: str, tokens: int | None) -> Any:
 
 def predict(run: Any, prof: Any) -> float:
     """The median step (s) ``prof`` predicts for the plan ``run`` was made under; NaN if a tier is missing."""
-    from offload_lab import simulate
-    from offload_lab.simulation import ProfileError, plan_of_run
-
     # the run's own spec (real shapes, for the FLOPs model) when it carries one or is a catalog
     # model at full size; else the spec rebuilt from its layers
     spec = spec_of_run(run)
@@ -103,7 +100,7 @@ def predict(run: Any, prof: Any) -> float:
 SCHEMES = ("loo", "tokens", "model")
 
 
-def _not_measured(run: Any) -> str | None:
+def not_measured(run: Any) -> str | None:
     """Why ``run`` cannot be a held-out target or training run (``None``: it is measured)."""
     if getattr(run, "simulated", False):
         return "simulated"
@@ -131,9 +128,9 @@ def held_out(runs: dict[str, Any], schemes: tuple[str, ...] = SCHEMES) -> pd.Dat
     bad = [x for x in schemes if x not in SCHEMES]
     if bad or not schemes:
         raise SimError(f"held_out schemes {schemes!r}; accepted: a non-empty subset of {list(SCHEMES)}")
-    skipped = [f"{n} ({why})" for n, r in runs.items() if (why := _not_measured(r))]
+    skipped = [f"{n} ({why})" for n, r in runs.items() if (why := not_measured(r))]
     if skipped:
-        runs = {n: r for n, r in runs.items() if not _not_measured(r)}
+        runs = {n: r for n, r in runs.items() if not not_measured(r)}
         if not runs:
             raise SimError(f"held_out needs measured runs; every run given is simulated or observed: {skipped}")
         warnings.warn(f"held_out skips runs the manager did not measure: {', '.join(skipped)}", stacklevel=2)

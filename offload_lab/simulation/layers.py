@@ -13,7 +13,9 @@ from offload_lab.simulation.profile import DeviceProfile
 
 
 @dataclass
-class _Layer:
+class Layer:
+    """One layer as the engine reads it: its tier, bytes and times on the profile."""
+
     group: str
     index: int
     tier: str
@@ -65,9 +67,13 @@ def _frame_plan(spec: ModelSpec, plan: Plan) -> tuple[pd.DataFrame, dict[str, li
     return layers, streamed, prefetch
 
 
-def _prepare(spec: ModelSpec, plan: Plan, profile: DeviceProfile, tokens: int | str | None, stage_threads: int = 1):
+def prepare(spec: ModelSpec, plan: Plan, profile: DeviceProfile, tokens: int | str | None,
+            stage_threads: int = 1) -> tuple[pd.DataFrame, dict[str, list[int]], dict[str, int],
+                                             dict[tuple[str, int], Layer], set[str]]:
+    """``(layers frame, streamed indices per group, prefetch per group, Layer per (group, index),
+    the tiers the plan copies from)``: the plan checked against its spec and timed on ``profile``."""
     layers, streamed, prefetch = _frame_plan(spec, plan)
-    info: dict[tuple[str, int], _Layer] = {}
+    info: dict[tuple[str, int], Layer] = {}
     # a copy moves the bytes the plan counts: the runtime packs each tensor slice on the
     # planner's alignment and copies (and records) the whole store, so a simulated run's
     # bytes are a measured run's
@@ -98,7 +104,7 @@ def _prepare(spec: ModelSpec, plan: Plan, profile: DeviceProfile, tokens: int | 
             except ProfileError as e:
                 raise ProfileError(f"{e}; the plan streams {g}.{i} from tier {tier!r}") from None
         compute = profile.compute_seconds(spec, g, i, tokens)
-        info[(g, i)] = _Layer(g, i, tier, nbytes, mb, is_streamed, compute, warm, cold, profile.blocks_host(tier),
+        info[(g, i)] = Layer(g, i, tier, nbytes, mb, is_streamed, compute, warm, cold, profile.blocks_host(tier),
                               lid=len(info), stage=stage, floor=min(profile.curve_floor(g), compute))
     return layers, streamed, prefetch, info, used_tiers
 

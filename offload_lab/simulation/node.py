@@ -11,11 +11,12 @@ interact:
   throughput for them is ``host_memcpy_gbps``; with ``k`` ranks copying at once each gets at
   most ``host_memcpy_gbps / k``.
 
-:func:`simulate_node` simulates one rank on a profile derated that way and returns the node as
-a multi-rank run (every rank the same: ranks of a sequence-parallel DiT run the same layer at
-the same time, so they copy at once — the worst case, taken here). The derating is an
-estimate, not a measurement: the ranks are assumed to overlap their copies completely, the
-memory bus to split evenly, and pinned DMA never to be limited by host memory bandwidth.
+:func:`~offload_lab.simulate` with ``ranks_per_node`` simulates one rank on a profile derated
+that way (:func:`derated`) and returns the node as a multi-rank run (:func:`node_run`; every
+rank the same: ranks of a sequence-parallel DiT run the same layer at the same time, so they
+copy at once — the worst case, taken here). The derating is an estimate, not a measurement:
+the ranks are assumed to overlap their copies completely, the memory bus to split evenly, and
+pinned DMA never to be limited by host memory bandwidth.
 :meth:`NodeProfile.estimate` is a starting point when the node's memcpy ceiling has not been
 measured; its rule is written in its ``provenance``.
 
@@ -34,10 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offload_lab.checks import check_int, check_number
+from offload_lab.record.gather import merge_ranks
+from offload_lab.record.run import Run
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.profile import DeviceProfile
 
-__all__ = ["NodeProfile", "simulate_node", "node_bandwidths", "STAGED_TIERS", "ESTIMATE_FACTOR", "MAX_RANKS"]
+__all__ = ["NodeProfile", "node_device", "derated", "node_run", "node_bandwidths", "STAGED_TIERS",
+           "ESTIMATE_FACTOR", "MAX_RANKS"]
 
 #: the bandwidth keys a host memcpy stages (they share the node's memory bus)
 STAGED_TIERS = ("pageable", "mapped_warm", "mapped_cold")
@@ -126,15 +130,9 @@ def node_bandwidths(device: DeviceProfile, node: NodeProfile, ranks: int) -> dic
     return out
 
 
-def simulate_node(plan: Any, device: DeviceProfile | str, ranks_per_node: int, node: NodeProfile | dict | None = None,
-                  **kwargs: Any) -> Any:
-    """``ranks_per_node`` ranks of one node running ``plan`` at once, as one multi-rank simulated run.
-
-    ``kwargs`` are :func:`~offload_lab.simulate`'s (``steps``, ``tokens``, ``passes``, ...).
-    """
-    from offload_lab.record.gather import merge_ranks
-    from offload_lab.simulation.engine import simulate
-
+def node_device(device: DeviceProfile | str, ranks_per_node: int,
+                node: NodeProfile | dict | None = None) -> tuple[DeviceProfile, NodeProfile, int]:
+    """``(device, node, ranks)`` checked, ``node`` estimated from ``device`` when None."""
     ranks = _check_ranks(ranks_per_node)
     if isinstance(device, str):
         device = DeviceProfile.load(device)
@@ -145,9 +143,20 @@ def simulate_node(plan: Any, device: DeviceProfile | str, ranks_per_node: int, n
     node = NodeProfile.estimate(device) if node is None else node
     if not isinstance(node, NodeProfile):
         raise SimError(f"node {node!r:.80} is not a NodeProfile; accepted: a NodeProfile, its to_dict() or None")
-    derated = device.replace(bandwidths=node_bandwidths(device, node, ranks))
-    label = kwargs.pop("label", None)
-    one = simulate(plan, derated, **kwargs)
+    return device, node, ranks
+
+
+def derated(device: DeviceProfile, node: NodeProfile, ranks: int) -> DeviceProfile:
+    """The profile one rank copies on while ``ranks`` ranks of ``node`` copy at once."""
+    return device.replace(bandwidths=node_bandwidths(device, node, ranks))
+
+
+def node_run(one: Run, device: DeviceProfile, node: NodeProfile, ranks: int, label: str | None = None) -> Run:
+    """One rank's simulated run (on :func:`derated`) as the node's multi-rank run: ``ranks`` ranks
+    running the plan at once, each the same.
+
+    :func:`~offload_lab.simulate` with ``ranks_per_node`` calls it.
+    """
     one.meta.update(rank=0, local_rank=0, world_size=ranks, node=f"{node.name} (simulated)")
     runs = []
     for k in range(ranks):  # the ranks of a symmetric node: one prediction, k lanes

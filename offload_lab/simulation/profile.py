@@ -16,11 +16,14 @@ from typing import Any
 
 from offload_lab import vocabulary
 from offload_lab.checks import check_choice, check_int, check_number, is_number
+from offload_lab.model import flops
+from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
 from offload_lab.shipped import data_dir, searched
 from offload_lab.simulation.errors import ProfileError, SimError
+from offload_lab.simulation.regimes import check_regimes
 from offload_lab.writing import atomic_write
 
-__all__ = ["DeviceProfile", "names", "BANDWIDTH_TIERS", "COMPUTE_MODES", "PROFILE_FORMAT"]
+__all__ = ["DeviceProfile", "names", "default_tokens", "BANDWIDTH_TIERS", "COMPUTE_MODES", "PROFILE_FORMAT"]
 
 #: bandwidth keys of a profile, in GB/s (1e9 bytes per second)
 BANDWIDTH_TIERS = vocabulary.BANDWIDTH_TIERS
@@ -212,8 +215,6 @@ class DeviceProfile:
             if getattr(self, attr) and self.compute_mode != mode:
                 raise ProfileError(f"{where}: {attr} = {getattr(self, attr)!r} with compute_mode "
                                    f"{self.compute_mode!r}; {why}")
-        from offload_lab.simulation.evidence import check_regimes
-
         self.regimes = check_regimes(self.name, self.regimes)
         self.pageable_blocks_host = bool(self.pageable_blocks_host)
         self.mapped_blocks_host = bool(self.mapped_blocks_host)
@@ -290,8 +291,6 @@ class DeviceProfile:
         >>> DeviceProfile("x", {"pinned": 1}, compute_s={"blocks": 0.02}).compute_seconds(None, "blocks", 3)
         0.02
         """
-        from offload_lab.model import flops
-
         for key in (f"{group}.{layer}", group):
             if key in self.compute_s:
                 secs = self.compute_s[key]
@@ -314,7 +313,7 @@ class DeviceProfile:
                 f"compute_s key {f'{group}.{layer}'!r} or {group!r} (keys: {known}{'...' if len(self.compute_s) > 6 else ''}), "
                 f"no compute_curve for {group!r} or '*', and no tflops rate")
         if tokens is None:
-            tokens = self.tokens if self.tokens is not None else _default_tokens(spec)
+            tokens = self.tokens if self.tokens is not None else default_tokens(spec)
         fl = flops.layer_flops(spec, group, tokens, layer=layer)
         on_curve = self.curve_seconds(group, fl)
         if on_curve is not None:
@@ -348,8 +347,6 @@ class DeviceProfile:
 
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> DeviceProfile:
-        from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
-
         text = str(path_or_text)
         where = "device profile"
         try:
@@ -427,7 +424,7 @@ def names() -> list[str]:
     return sorted(p.stem for p in _devices_dir().glob("*.json"))
 
 
-def _default_tokens(spec: Any) -> int | str:
+def default_tokens(spec: Any) -> int | str:
     table = (getattr(spec, "meta", None) or {}).get("tokens")
     if isinstance(table, dict) and table:
         # the smallest resolution: the catalog's everyday operating point (480p)

@@ -49,11 +49,14 @@ from offload_lab.planning.device import activation_bytes, in_flight_bytes, parse
 from offload_lab.planning.errors import PlanError, PlanWarning
 from offload_lab.planning.grants import store_bytes
 from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.pipeline import Component, tokens_for
 from offload_lab.planning.placement import resident_sets
 from offload_lab.planning.planner import Plan, plan, resolve_plan_host
-from offload_lab.simulation.engine import _run_engine
+from offload_lab.simulation.confirm import confirm
+from offload_lab.simulation.engine import check_bounds, run_engine
 from offload_lab.simulation.errors import ProfileError, SimError
-from offload_lab.simulation.layers import _Layer
+from offload_lab.simulation.explain import explain, step_text
+from offload_lab.simulation.layers import Layer
 from offload_lab.simulation.profile import DeviceProfile, names
 from offload_lab.units import format_bytes
 from offload_lab.vocabulary import RESIDENCIES
@@ -91,7 +94,7 @@ class _Timer:
                         for g in spec.groups for layer in g.layers}
         self.copies: dict[tuple[str, int, int], tuple[float, float]] = {}
 
-    def _copy(self, tier: str, nbytes: int, mapped: int) -> tuple[float, float]:
+    def copy_seconds(self, tier: str, nbytes: int, mapped: int) -> tuple[float, float]:
         key = (tier, nbytes, mapped)
         if key not in self.copies:
             pr = self.profile
@@ -99,18 +102,18 @@ class _Timer:
         return self.copies[key]
 
     def step_seconds(self, p: Plan) -> float:
-        info: dict[tuple[str, int], _Layer] = {}
+        info: dict[tuple[str, int], Layer] = {}
         df = p.layers
         for g, i, tier, b, m, s in zip(df["group"], df["layer"], df["tier"], df["bytes"], df["mapped_bytes"],
                                        df["streamed"]):
             g, i, tier, b, m, s = str(g), int(i), str(tier), int(b), int(m), bool(s)
-            warm, cold = self._copy(tier, b, m) if s else (0.0, 0.0)
-            info[(g, i)] = _Layer(g, i, tier, b, m, s, self.compute[(g, i)], warm, cold,
+            warm, cold = self.copy_seconds(tier, b, m) if s else (0.0, 0.0)
+            info[(g, i)] = Layer(g, i, tier, b, m, s, self.compute[(g, i)], warm, cold,
                                   self.profile.blocks_host(tier), lid=len(info))
         streamed = {g: p.streamed_layers(g) for g in self.spec.group_names}
         prefetch = {g: int(p.prefetch) for g in self.spec.group_names}
         # two steps: the first pays cold mapped pages; the second is the steady state
-        _, bounds, _ = _run_engine(self.spec, streamed, prefetch, info, self.profile, 2, self.passes, frames=False)
+        _, bounds, _ = run_engine(self.spec, streamed, prefetch, info, self.profile, 2, self.passes, frames=False)
         last = bounds.iloc[-1]
         return float(last["end_s"] - last["start_s"])
 
@@ -240,30 +243,7 @@ class Recommendation:
 
         See :func:`offload_lab.simulation.confirm.confirm`.
         """
-        from offload_lab.simulation.confirm import confirm
-
         return confirm(self, model, fn, steps=steps, warmup=warmup, baseline=baseline, backend=backend)
-
-
-def step_text(step_s: float, calls: int, guidance: int | None = None) -> str:
-    """A step time with its calls spelled out, so a per-call and a per-step figure never pass
-    for one another; ``guidance`` (the model's forwards per denoising step) adds what a
-    guided step would take when it differs from ``calls``.
-
-    >>> step_text(30.52, 2)
-    '15.260 s per call × 2 calls = 30.520 s/step'
-    >>> step_text(15.26, 1, guidance=2)
-    '15.260 s/step (1 call; 2 calls with guidance: ≈ 30.520 s)'
-    """
-    if calls == 1:
-        text = f"{step_s:.3f} s/step (1 call"
-        if guidance and guidance != 1:
-            text += f"; {guidance} calls with guidance: ≈ {step_s * guidance:.3f} s"
-        return text + ")"
-    text = f"{step_s / calls:.3f} s per call × {calls} calls = {step_s:.3f} s/step"
-    if guidance and guidance != calls:
-        text += f" ({guidance} calls with guidance: ≈ {step_s / calls * guidance:.3f} s)"
-    return text
 
 
 def _describe(r: pd.Series, calls: int = 1) -> str:
@@ -436,9 +416,7 @@ def recommend(spec: Any, device: DeviceProfile | str = "rtx4090-pcie4", host: An
     if pin_budget is not None:
         pin_budget = plan(spec, pin_budget=pin_budget, host=host).params["pin_budget"]  # validates
     if tokens is not None:
-        from offload_lab.simulation.engine import _check_bounds
-
-        _check_bounds(spec, 1, 1, 0, tokens)
+        check_bounds(spec, 1, 1, 0, tokens)
     s = _Search(spec, profile, host, mem, tokens, passes, pin_budget, tol)
     _explore(s)
     tried = pd.DataFrame(s.rows, columns=COLUMNS).astype({"fits": bool, "front": bool, "best": bool})
@@ -447,8 +425,6 @@ def recommend(spec: Any, device: DeviceProfile | str = "rtx4090-pcie4", host: An
         tried.loc[best, "best"] = True
         tried["front"] = _pareto(tried)
         tried.loc[best, "front"] = True  # within the tolerance it may trail a faster plan it out-saves
-    from offload_lab.simulation.explain import explain
-
     rec = Recommendation(spec, profile, host, mem, tokens, passes, None if best is None else s.plans[best],
                          tried, "", s.plans, tolerance=tol)
     rec.explanation = explain(rec, s)
@@ -464,8 +440,6 @@ def _recommend_pipeline(comps: Any, device: Any, host: Any, device_memory: Any, 
     activations), so the pipeline's peak (Σ kept + the largest transient) fits whatever each
     chose. The top-ranked component takes ``calls_per_step``; the others one call."""
     import time
-
-    from offload_lab.planning.pipeline import Component, _tokens_for
 
     if not comps or not all(isinstance(c, Component) for c in comps):
         raise RecommendError(f"spec {comps!r:.80} is not a list of Components; accepted: a ModelSpec or "
@@ -487,7 +461,7 @@ def _recommend_pipeline(comps: Any, device: Any, host: Any, device_memory: Any, 
         b = None if budget is None else max(0, budget - pinned)
         if left <= 0:
             left = 1  # nothing fits: the component's own search says what it would need
-        out[c.name] = r = recommend(c.spec, profile, host=h, device_memory=left, tokens=_tokens_for(c.spec, tokens),
+        out[c.name] = r = recommend(c.spec, profile, host=h, device_memory=left, tokens=tokens_for(c.spec, tokens),
                                     calls_per_step=calls_per_step if i == 0 else 1, pin_budget=b, tolerance=tol)
         if r.best is None:
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from offload_lab.model.spec import ModelSpec
+from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
@@ -50,8 +50,6 @@ def plan_of_run(run: Run, spec: ModelSpec | None = None) -> tuple[ModelSpec, Pla
 
 def _spec_of_layers(run: Run, df: pd.DataFrame) -> ModelSpec:
     """A spec with the run's layers and bytes (one tensor per layer, two with a checkpoint view)."""
-    from offload_lab.model.spec import GroupSpec, LayerSpec, TensorSpec
-
     groups = [g for g in (run.meta.get("groups") or []) if g in set(df["group"])] or \
         list(dict.fromkeys(df["group"].astype(str)))
     gspecs = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,10 +19,7 @@ import pandas as pd
 
 from offload_lab.errors import OffloadLabError
 from offload_lab.record.run import Run, display_label
-from offload_lab.views.text import (
-    split_labels,
-    wrap,
-)
+from offload_lab.views.text import split_labels, wrap
 
 if TYPE_CHECKING:  # plotly is imported lazily so that `import offload_lab.views.figures` stays cheap
     import plotly.graph_objects as go
@@ -44,7 +42,7 @@ SIM_PATTERN = "/"
 # runs told apart by colour where tiers are not the subject (not the tier colours, to avoid misreading)
 RUN_COLORS = ["#0e7490", "#7c3aed", "#be185d", "#4d7c0f", "#a16207", "#334155"]
 GIB = 2**30
-_FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
+FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
 
 
 class VizError(OffloadLabError, ValueError):
@@ -52,7 +50,8 @@ class VizError(OffloadLabError, ValueError):
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _go():
+def plotly_go() -> ModuleType:
+    """``plotly.graph_objects``, imported when the first figure is drawn."""
     import plotly.graph_objects as go
 
     return go
@@ -76,7 +75,7 @@ def tier_color(tier: str) -> str:
     return TIER_COLORS.get(str(tier), TIER_COLORS["unknown"])
 
 
-def _lines(label: Any, width: int | None) -> str:
+def label_lines(label: Any, width: int | None) -> str:
     # wrap first, escape each line second: escaping first would count "&lt;" as four characters
     # and could break an entity across lines; never cut, a cut hides what tells runs apart
     text = str(label)
@@ -96,7 +95,7 @@ def run_name(run: Run, limit: int | None = None) -> str:
     >>> run_name(offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1, label="a"))
     'a (simulated)'
     """
-    return _lines(display_label(run), limit)
+    return label_lines(display_label(run), limit)
 
 
 def run_names(runs: Sequence[Run], width: int = 30) -> tuple[str, list[str]]:
@@ -114,11 +113,11 @@ def run_names(runs: Sequence[Run], width: int = 30) -> tuple[str, list[str]]:
     ('h200 · 480p tokens', ['pinned (simulated)', 'pageable (simulated)'])
     """
     common, own = split_labels([r.label for r in runs])
-    names = [_lines(o + (" (simulated)" if r.simulated else ""), width) for o, r in zip(own, runs)]
-    return esc(common), _unique(names)
+    names = [label_lines(o + (" (simulated)" if r.simulated else ""), width) for o, r in zip(own, runs)]
+    return esc(common), unique_names(names)
 
 
-def _unique(names: list[str]) -> list[str]:
+def unique_names(names: list[str]) -> list[str]:
     # category axes merge equal labels, so two runs both called "pinned" must stay apart
     seen: dict[str, int] = {}
     out = []
@@ -128,17 +127,17 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def _short(label: Any, limit: int = 60) -> str:
+def short_label(label: Any, limit: int = 60) -> str:
     """Escaped label for a title, wrapped onto lines of about ``limit`` characters."""
-    return _lines(label, limit)
+    return label_lines(label, limit)
 
 
-def _title_label(run: Run, limit: int = 60) -> str:
+def title_label(run: Run, limit: int = 60) -> str:
     # the stored label, without display_label's "(simulated)": the title's SIMULATED tag says it
-    return _short(run.label, limit)
+    return short_label(run.label, limit)
 
 
-def _device(run: Run) -> str:
+def device_label(run: Run) -> str:
     """Where a run ran, once: ``h200`` for a simulation (the title says SIMULATED), ``x86_64 (cpu)``."""
     name = str(run.meta.get("device_name") or "").strip()
     if run.simulated:
@@ -146,17 +145,17 @@ def _device(run: Run) -> str:
     return esc(f"{name} ({run.backend})" if name and run.backend not in name else (name or run.backend))
 
 
-def _pattern(shape: str | list[str], size: int = 8) -> dict:
+def fill_pattern(shape: str | list[str], size: int = 8) -> dict:
     # white hatching over the bar's own colour: "overlay" keeps the fill (plotly's default,
     # "replace", would paint white lines on a white bar once no template sets it)
     return dict(shape=shape, fillmode="overlay", fgcolor="#ffffff", size=size, solidity=0.35)
 
 
-def _sim_tag(sim: bool) -> str:
+def sim_tag(sim: bool) -> str:
     return ' · <span style="color:#b54708"><b>SIMULATED</b></span>' if sim else ""
 
 
-def _wrap_parts(text: str, width: int = 80) -> str:
+def wrap_parts(text: str, width: int = 80) -> str:
     """Break a `` · ``-separated line between parts so no line is much over ``width`` characters:
     plotly never wraps titles itself, and a half-width figure in the report cuts them."""
     lines, cur = [], ""
@@ -169,29 +168,29 @@ def _wrap_parts(text: str, width: int = 80) -> str:
     return "<br>".join(lines + [cur])
 
 
-def _title(text: str, sub: str | None = None) -> dict:
+def make_title(text: str, sub: str | None = None) -> dict:
     t: dict[str, Any] = {"text": text, "x": 0.01, "xanchor": "left", "font": {"size": 15}}
     if sub:
-        t["subtitle"] = {"text": _wrap_parts(sub), "font": {"size": 11, "color": "#555"}}
+        t["subtitle"] = {"text": wrap_parts(sub), "font": {"size": 11, "color": "#555"}}
     return t
 
 
 # a small template: plotly's own ("plotly", "plotly_white") is deep-copied into every figure and
 # costs more than drawing 1,000 bars; every figure is built in one go.Figure call for the same reason
-_TEMPLATE = {"layout": {
-    "paper_bgcolor": "white", "plot_bgcolor": "white", "font": _FONT,
+TEMPLATE = {"layout": {
+    "paper_bgcolor": "white", "plot_bgcolor": "white", "font": FONT,
     "colorway": RUN_COLORS, "hoverlabel": {"align": "left"},
     "xaxis": {"gridcolor": "#ebedf0", "linecolor": "#c7cbd1", "zerolinecolor": "#ebedf0", "automargin": True},
     "yaxis": {"gridcolor": "#ebedf0", "linecolor": "#c7cbd1", "zerolinecolor": "#ebedf0", "automargin": True},
 }}
 
 
-def _figure(traces: list[dict], title: dict, height: int, xaxis: dict | None = None,
+def make_figure(traces: list[dict], title: dict, height: int, xaxis: dict | None = None,
             yaxis: dict | None = None, **layout: Any) -> go.Figure:
     """One figure from trace dicts and layout settings, validated once."""
-    go = _go()
+    go = plotly_go()
     lay: dict[str, Any] = dict(
-        template=_TEMPLATE, title=title, height=height,
+        template=TEMPLATE, title=title, height=height,
         margin=dict(l=60, r=24, b=40, t=56 + 14 * (str(title["text"]).count("<br>")
                                                   + (str(title["subtitle"]["text"]).count("<br>") + 2
                                                      if "subtitle" in title else 0))),
@@ -203,25 +202,25 @@ def _figure(traces: list[dict], title: dict, height: int, xaxis: dict | None = N
     return go.Figure(data=traces, layout=lay)
 
 
-def _check_run(run: Any, what: str = "run") -> Run:
+def check_run(run: Any, what: str = "run") -> Run:
     if not isinstance(run, Run):
         raise VizError(f"{what} {run!r:.80} of type {type(run).__name__} is not an offload_lab.Run; "
                        f"expected the result of profile(), simulate() or Run.load()")
     return run
 
 
-def _is_plan(obj: Any) -> bool:
+def is_plan(obj: Any) -> bool:
     # duck-typed so that viz never imports the planner (a Plan has a ledger and a layers frame)
     return (not isinstance(obj, Run) and hasattr(obj, "ledger") and hasattr(obj, "layers")
             and isinstance(obj.layers, pd.DataFrame))
 
 
-def _gbps(nbytes: np.ndarray, dur: np.ndarray) -> np.ndarray:
+def rate_gbps(nbytes: np.ndarray, dur: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(dur > 0, nbytes / np.where(dur > 0, dur, 1.0) / 1e9, np.nan)
 
 
-def _byte_unit(largest: float) -> tuple[float, str]:
+def byte_unit(largest: float) -> tuple[float, str]:
     """Divisor and unit name so that the largest value reads as a plain number."""
     for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if largest >= div:
@@ -229,11 +228,11 @@ def _byte_unit(largest: float) -> tuple[float, str]:
     return 1.0, "bytes"
 
 
-def _empty(title: dict, message: str, height: int = 240) -> go.Figure:
+def empty_figure(title: dict, message: str, height: int = 240) -> go.Figure:
     """A figure that says why there is nothing to draw (never a silent blank)."""
     note = dict(text=esc(message), showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                 font={"size": 13, "color": "#666"})
-    return _figure([], title, height, xaxis={"visible": False}, yaxis={"visible": False},
+    return make_figure([], title, height, xaxis={"visible": False}, yaxis={"visible": False},
                    annotations=[note])
 
 

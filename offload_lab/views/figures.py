@@ -45,10 +45,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 from offload_lab.checks import is_int
-from offload_lab.views.figure_kit import (  # noqa: F401  (names other modules import from here)
-    _FONT,
-    _TEMPLATE,
-    GIB,
+from offload_lab.views.figure_kit import (
     HOST_BLOCK_COLOR,
     MEMORY_COLORS,
     RUN_COLORS,
@@ -57,26 +54,22 @@ from offload_lab.views.figure_kit import (  # noqa: F401  (names other modules i
     STALL_COLOR,
     TIER_COLORS,
     VizError,
-    _byte_unit,
-    _check_run,
-    _device,
-    _empty,
-    _figure,
-    _gbps,
-    _go,
-    _is_plan,
-    _lines,
-    _pattern,
-    _short,
-    _sim_tag,
-    _title,
-    _title_label,
-    _unique,
-    _wrap_parts,
+    byte_unit,
+    check_run,
+    device_label,
+    empty_figure,
     esc,
+    fill_pattern,
+    is_plan,
+    make_figure,
+    make_title,
+    rate_gbps,
     run_name,
     run_names,
+    short_label,
+    sim_tag,
     tier_color,
+    title_label,
 )
 
 
@@ -163,7 +156,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     >>> sorted({t.name for t in timeline(run).data})[:2]
     ['compute · pageable', 'copy · pageable']
     """
-    run = _check_run(run)
+    run = check_run(run)
     ev = run.events
     steps_measured = sorted({int(s) for s in run.steps["step"]}) if len(run.steps) else sorted(set(ev["step"]))
     ranks = sorted(set(run.layers["rank"].tolist()))
@@ -175,10 +168,10 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
         ev = ev[ev["step"] == int(step)]
     sub = (f"{esc(analysis.tier_summary(lay))} · median step {fmt_seconds(run.step_time)} · "
            f"{len(steps_measured)} step(s)" + (f" · {len(ranks)} ranks" if len(ranks) > 1 else "")
-           + f" · {_device(run)}")
-    title = _title(f"Timeline · {_title_label(run)}{_sim_tag(run.simulated)}", sub)
+           + f" · {device_label(run)}")
+    title = make_title(f"Timeline · {title_label(run)}{sim_tag(run.simulated)}", sub)
     if not len(ev):
-        return _empty(title, f"run {run.label!r} recorded no events", 220)
+        return empty_figure(title, f"run {run.label!r} recorded no events", 220)
 
     ev = ev.reset_index(drop=True)
     lane, order = _lanes(ev)
@@ -189,7 +182,7 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
     start = ev["start_s"].to_numpy(dtype="float64")
     dur = ev["dur_s"].to_numpy(dtype="float64")
     nbytes = ev["bytes"].to_numpy(dtype="float64")
-    gb = _gbps(nbytes, dur)
+    gb = rate_gbps(nbytes, dur)
     tiers = ev["tier"].astype("string").fillna("unknown").astype(str)
     custom = np.column_stack([
         ev["group"].astype(str).map(esc).to_numpy(),
@@ -226,13 +219,13 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
             add(((kind == k) & (tiers == tier)).to_numpy(), f"{k} · {esc(tier)}", tier_color(tier), tier, **extra)
     add((kind == "wait").to_numpy(), "stall (waiting for weights)", STALL_COLOR, "wait")
     add((kind == "host_block").to_numpy(), "host blocked (staging copy)", HOST_BLOCK_COLOR, "host_block",
-        pattern=_pattern("/", size=6))
+        pattern=fill_pattern("/", size=6))
     add((kind == "stage").to_numpy(), "host memcpy into a staging buffer", STAGE_COLOR, "stage")
 
     xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
                                            scale, step is None)
     shapes = _call_shading(ev, scale) + shapes if multi_call else shapes
-    return _figure(
+    return make_figure(
         traces, title, int(min(170 + 44 * len(order), 480 if not order[0].startswith("rank ") else 1200)),
         xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),
         yaxis=dict(type="category", categoryorder="array", categoryarray=order[::-1], showgrid=False),
@@ -254,22 +247,22 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     if isinstance(plan_or_run, Run):
         layers, sim = plan_or_run.layers, plan_or_run.simulated
         group_order = _group_order(plan_or_run)
-        name = _title_label(plan_or_run, 48)
-        sub = f"{esc(analysis.tier_summary(layers))} · run on {_device(plan_or_run)}"
-    elif _is_plan(plan_or_run):
+        name = title_label(plan_or_run, 48)
+        sub = f"{esc(analysis.tier_summary(layers))} · run on {device_label(plan_or_run)}"
+    elif is_plan(plan_or_run):
         layers, sim = plan_or_run.layers, False
         spec = getattr(plan_or_run, "spec", None)
         group_order = list(getattr(spec, "group_names", None) or [])
-        name = "plan of " + _short(getattr(spec, "name", "a model"), 40)
+        name = "plan of " + short_label(getattr(spec, "name", "a model"), 40)
         led = getattr(plan_or_run, "ledger", {}) or {}
         sub = (f"{esc(analysis.tier_summary(layers))} · pinned {format_bytes(led.get('pinned_bytes'))} "
                f"of budget {format_bytes(led.get('budget'))}")
     else:
         raise VizError(f"tier_map() got {type(plan_or_run).__name__} {plan_or_run!r:.80}; "
                        f"expected an offload_lab.Plan or an offload_lab.Run")
-    title = _title(f"Tier map · {name}{_sim_tag(sim)}", sub)
+    title = make_title(f"Tier map · {name}{sim_tag(sim)}", sub)
     if not len(layers):
-        return _empty(title, "no layers")
+        return empty_figure(title, "no layers")
     lay = _ordered_layers(layers, group_order)
     groups = list(dict.fromkeys(lay["group"].astype(str)))
     multi = len(groups) > 1
@@ -289,7 +282,7 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     # one x position per layer in execution order; groups are labelled spans, so several groups
     # never interleave (a category axis shared by per-tier traces would reorder them)
     pos = np.arange(len(lay))
-    div, unit = _byte_unit(float(lay["bytes"].max()))
+    div, unit = byte_unit(float(lay["bytes"].max()))
     size = lay["bytes"].to_numpy(dtype="float64") / div
     traces = []
     for tier in [t for t in TIER_COLORS if t in set(tiers)] + sorted(set(tiers) - set(TIER_COLORS)):
@@ -302,7 +295,7 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     step = max(1, int(math.ceil(len(lay) / 30)))
     ticks = pos[::step]
     shapes, notes = _group_marks(lay, groups) if multi else ([], [])
-    return _figure(
+    return make_figure(
         traces, title, 320,
         xaxis=dict(tickvals=ticks, ticktext=[str(v) for v in lay["layer"].to_numpy()[::step]],
                    range=[-0.6, len(lay) - 0.4], showgrid=False,
@@ -361,23 +354,23 @@ def memory(run: Run) -> go.Figure:
     >>> "SIMULATED" in fig.layout.title.text
     True
     """
-    run = _check_run(run)
+    run = check_run(run)
     mem = run.memory.sort_values("t_s")
-    title = _title(f"Memory · {_title_label(run, 48)}{_sim_tag(run.simulated)}",
-                   f"{len(mem)} samples · {_device(run)}")
+    title = make_title(f"Memory · {title_label(run, 48)}{sim_tag(run.simulated)}",
+                   f"{len(mem)} samples · {device_label(run)}")
     if not len(mem):
-        return _empty(title, f"run {run.label!r} recorded no memory samples", 220)
+        return empty_figure(title, f"run {run.label!r} recorded no memory samples", 220)
     names = {"device_bytes": "device", "pinned_bytes": "pinned host",
              "anon_bytes": "anonymous host", "mapped_bytes": "mapped (file pages)"}
     t = mem["t_s"].to_numpy(dtype="float64")
-    div, unit = _byte_unit(float(mem[list(names)].to_numpy().max()))
+    div, unit = byte_unit(float(mem[list(names)].to_numpy().max()))
     tk, tunit = time_unit(float(t.max()) if len(t) else float("nan"))
     traces = [dict(
         type="scatter", x=np.round(t * tk, 9), y=np.round(mem[col].to_numpy(dtype="float64") / div, 6),
         name=label, mode="lines", line_shape="hv", line=dict(color=MEMORY_COLORS[col], width=2),
         hovertemplate=f"{label}: %{{y:.4g}} {unit} at %{{x:.4g}} {tunit}<extra></extra>")
         for col, label in names.items()]
-    return _figure(traces, title, 300, xaxis=dict(title_text=f"time ({tunit} from run start)"),
+    return make_figure(traces, title, 300, xaxis=dict(title_text=f"time ({tunit} from run start)"),
                    yaxis=dict(title_text=unit, rangemode="tozero"))
 
 
@@ -418,7 +411,7 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
                               [fmt_seconds(x) for x in st]]).astype(object)
     bar = dict(
         type="bar", orientation="h", y=names, x=st * k, text=text, textposition="outside", cliponaxis=False,
-        marker=dict(color=colors, pattern=_pattern(patterns),
+        marker=dict(color=colors, pattern=fill_pattern(patterns),
                     line=dict(width=0)),
         error_x=dict(type="data", symmetric=False, array=np.nan_to_num(hi - st) * k,
                      arrayminus=np.nan_to_num(st - lo) * k, color="#666", thickness=1, width=3),
@@ -434,9 +427,9 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     if np.isfinite(st).any():
         # room on the right for the "1.03 s · ×1.00" labels
         xaxis["range"] = [0, float(np.nanmax(np.concatenate([st, hi]))) * k * 1.35]
-    head = "Step time" + (f" · {_short(common, 70)}" if common else "")
-    return _figure(
-        [bar], _title(head, "median per step · whiskers: fastest..slowest step · ratio to the first run "
+    head = "Step time" + (f" · {short_label(common, 70)}" if common else "")
+    return make_figure(
+        [bar], make_title(head, "median per step · whiskers: fastest..slowest step · ratio to the first run "
                             f"of the same model, tokens and backend · {note}"),
         130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names), xaxis=xaxis,
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
@@ -464,11 +457,11 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
         per.append(bw)
     df = pd.concat(per, ignore_index=True)
     sims = sum(r.simulated for r in runs)
-    title = _title("Copy bandwidth per tier" + (f" · {_short(common, 70)}" if common else ""),
+    title = make_title("Copy bandwidth per tier" + (f" · {short_label(common, 70)}" if common else ""),
                    "effective GB/s = bytes / copy time (1 GB = 1e9 B)"
                    + (f" · hatched = simulated ({sims} of {len(runs)})" if sims else ""))
     if not len(df):
-        return _empty(title, "no timed copies in these runs (everything resident?)", 260)
+        return empty_figure(title, "no timed copies in these runs (everything resident?)", 260)
     present = set(df["tier"].astype(str))
     tiers = [t for t in TIER_COLORS if t in present] + sorted(present - set(TIER_COLORS))
     traces = []
@@ -478,7 +471,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
             type="bar", orientation="h", y=list(d["run"]), x=d["gbps"].round(4), name=esc(tier),
             text=[f"{g:.3g}" for g in d["gbps"]], textposition="outside", cliponaxis=False,
             marker=dict(color=tier_color(tier), line=dict(width=0),
-                        pattern=_pattern([SIM_PATTERN if s else "" for s in d["simulated"]])),
+                        pattern=fill_pattern([SIM_PATTERN if s else "" for s in d["simulated"]])),
             customdata=np.column_stack([d["full"], d["copies"], [format_bytes(b) for b in d["bytes"]],
                                         [fmt_seconds(s) for s in d["copy_s"]]]).astype(object),
             hovertemplate=(f"<b>%{{customdata[0]}}</b> · {esc(tier)}<br>%{{x:.3g}} GB/s<br>"
@@ -486,7 +479,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
     xaxis: dict[str, Any] = dict(title_text="GB/s", rangemode="tozero")
     if df["gbps"].notna().any():
         xaxis["range"] = [0, float(df["gbps"].max()) * 1.2]
-    return _figure(
+    return make_figure(
         traces, title, 150 + len(runs) * (14 * len(tiers) + 22), xaxis=xaxis,
         # every run keeps its row, even one without copies
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
@@ -506,7 +499,7 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
     >>> [t.name for t in startup_peaks(plan).data]
     ['predicted · plan of minimax-h3']
     """
-    items = [plan_or_runs] if (isinstance(plan_or_runs, Run) or _is_plan(plan_or_runs)) else plan_or_runs
+    items = [plan_or_runs] if (isinstance(plan_or_runs, Run) or is_plan(plan_or_runs)) else plan_or_runs
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise VizError(f"startup_peaks() got {type(plan_or_runs).__name__} {plan_or_runs!r:.80}; "
                        f"expected a Plan, a Run, or a list of them")
@@ -515,7 +508,7 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
     predicted: list[tuple[str, list[float]]] = []       # (series name, bytes per strategy)
     measured: list[tuple[str, str, float, bool, Any]] = []  # (strategy, run name, bytes, sim, predicted)
     for i, it in enumerate(items):
-        if _is_plan(it):
+        if is_plan(it):
             ys = []
             for s in strategies:
                 try:
@@ -523,7 +516,7 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
                 except (AttributeError, ValueError, TypeError):
                     ys.append(float("nan"))
             spec = getattr(it, "spec", None)
-            predicted.append((f"predicted · plan of {_short(getattr(spec, 'name', f'plan {i}'), 30)}", ys))
+            predicted.append((f"predicted · plan of {short_label(getattr(spec, 'name', f'plan {i}'), 30)}", ys))
         elif isinstance(it, Run):
             peak, strat = it.meta.get("startup_peak_bytes"), it.meta.get("init_strategy")
             if peak is None or strat is None:
@@ -535,13 +528,13 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
                            f"expected an offload_lab.Plan or an offload_lab.Run")
     for s in sorted({m[0] for m in measured} - set(strategies)):
         strategies.append(s)
-    title = _title("Startup device peak per init strategy",
+    title = make_title("Startup device peak per init strategy",
                    "grouped: every group's layers to host stores first, then the rest to the device once"
                    + (" · hatched = simulated" if any(m[3] for m in measured) else ""))
     if not predicted and not measured:
-        return _empty(title, "no startup peaks: pass a Plan or runs whose meta has startup_peak_bytes", 260)
+        return empty_figure(title, "no startup peaks: pass a Plan or runs whose meta has startup_peak_bytes", 260)
     values = [v for _, ys in predicted for v in ys if math.isfinite(v)] + [m[2] for m in measured]
-    div, unit = _byte_unit(max(values) if values else 0.0)
+    div, unit = byte_unit(max(values) if values else 0.0)
     traces = []
     for name, ys in predicted:
         traces.append(dict(
@@ -556,11 +549,11 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
         traces.append(dict(
             type="bar", x=[strat], y=[peak / div], name=f"{how} · {name}",
             marker=dict(color=RUN_COLORS[k % len(RUN_COLORS)], line=dict(width=0),
-                        pattern=_pattern(SIM_PATTERN if sim else "")),
+                        pattern=fill_pattern(SIM_PATTERN if sim else "")),
             text=[format_bytes(peak)], textposition="outside", cliponaxis=False,
             hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} {how} by {name}{note}<extra></extra>"))
     top = max(values) / div if values else 1.0
-    return _figure(traces, title, 320,
+    return make_figure(traces, title, 320,
                    xaxis=dict(type="category", categoryorder="array", categoryarray=strategies),
                    yaxis=dict(title_text=f"{unit} on the device at startup", range=[0, top * 1.2]),
                    barmode="group", showlegend=True)

@@ -35,16 +35,22 @@ from markupsafe import Markup
 
 from offload_lab import __version__
 from offload_lab.analysis import summary
-from offload_lab.analysis.comparison import compare
+from offload_lab.analysis.comparison import compare, sim_device, tokens_of_meta
 from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run, split_ranks
 from offload_lab.analysis.summary import as_runs
 from offload_lab.errors import OffloadLabError
+from offload_lab.record.regime import issue_of
 from offload_lab.record.run import Run
+from offload_lab.simulation.confirm import Confirmation
+from offload_lab.simulation.evidence import other_order
+from offload_lab.simulation.recommend import Recommendation
 from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
 from offload_lab.views import rank_figures
 from offload_lab.views import report_data as rd
+from offload_lab.views.report_recommend import front_figure, recommendation_data
 from offload_lab.views.tables import noise_note
+from offload_lab.views.text import fmt_seconds
 from offload_lab.writing import atomic_write, kind_of
 
 if TYPE_CHECKING:
@@ -126,8 +132,6 @@ class Report:
         if plan is not None:
             self.figures["plan-tier-map"] = viz.tier_map(plan)
         if recommendation is not None and recommendation.best is not None:
-            from offload_lab.views.report_recommend import front_figure
-
             self.figures["recommend-front"] = front_figure(recommendation)
         peak_runs = [r for r in runs if r.meta.get("startup_peak_bytes") is not None and r.meta.get("init_strategy")]
         if plan is not None:
@@ -273,24 +277,17 @@ class Report:
 def _other_orders(runs: list[Run]) -> list[Run | None]:
     """Per run, its plan predicted in the other issue order, unless no such prediction is needed
     (a measured run, pinned copies only) or the report holds it already."""
-    from offload_lab.analysis.comparison import _sim_device, _tokens
-    from offload_lab.simulation.evidence import issue_of, other_order
-
     def twin(r: Run, x: Run) -> bool:  # the same prediction in the other order
-        return (x is not r and x.simulated and issue_of(x) != issue_of(r) and _sim_device(x) == _sim_device(r)
-                and _tokens(x.meta) == _tokens(r.meta) and rd.same_plan(x, r))
+        return (x is not r and x.simulated and issue_of(x) != issue_of(r) and sim_device(x) == sim_device(r)
+                and tokens_of_meta(x.meta) == tokens_of_meta(r.meta) and rd.same_plan(x, r))
 
     return [None if not r.simulated or any(twin(r, x) for x in runs) else other_order(r) for r in runs]
 
 
 def _rec_data(rec: Any, confirmation: Any) -> dict[str, Any]:
-    from offload_lab.views.report_recommend import recommendation_data
-
     return recommendation_data(rec, confirmation)
 def _rank_rows(run: Run) -> list[list[str]]:
     """The per-rank table of a multi-rank run's section, as formatted cells."""
-    from offload_lab.views.text import fmt_seconds
-
     def gbps(x: float) -> str:
         return f"{x:.3g} GB/s" if x == x else "—"
 
@@ -316,7 +313,7 @@ def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = Non
     >>> rep.runs[0].simulated
     True
     """
-    if plan is not None and not viz._is_plan(plan):
+    if plan is not None and not viz.is_plan(plan):
         raise ReportError(f"plan {plan!r:.80} of type {type(plan).__name__} is not an offload_lab.Plan; "
                           f"expected the result of offload_lab.plan() or None")
     if title is not None and not isinstance(title, str):
@@ -328,9 +325,6 @@ def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = Non
         run_list: list[Run] = []
     else:
         run_list = as_runs(runs)
-    from offload_lab.simulation.confirm import Confirmation
-    from offload_lab.simulation.recommend import Recommendation
-
     if recommendation is not None and not isinstance(recommendation, Recommendation):
         raise ReportError(f"recommendation {recommendation!r:.80} is not a Recommendation; expected the "
                           f"result of offload_lab.recommend() or None")

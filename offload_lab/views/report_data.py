@@ -16,8 +16,9 @@ from typing import Any
 import pandas as pd
 
 from offload_lab.analysis import summary
+from offload_lab.analysis.comparison import why_not_paired
 from offload_lab.record.run import Run, display_label
-from offload_lab.views.tables import noise_note
+from offload_lab.views.tables import noise_note, order_labels
 from offload_lab.views.text import (
     fmt_bytes,
     fmt_number,
@@ -169,8 +170,6 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
     >>> row["label"], row["reference"], row["noise"]
     ('a (simulated)', True, '')
     """
-    from offload_lab.views.tables import order_labels
-
     shown = order_labels(runs)
     out = []
     for i, (r, (_, c), m) in enumerate(zip(runs, comparison.iterrows(), metrics)):
@@ -246,8 +245,6 @@ def _beside(r: Run, runs: list[Run]) -> list[dict[str, str]]:
     """A simulated run's measured twin in the report, or the reverse: "predicted vs measured"
     only between runs of the same device, model, token count, issue order and plan; a run of
     the same plan that differs in one of those is named, with why no ratio is given."""
-    from offload_lab.analysis.comparison import why_not_paired
-
     others = [x for x in runs if x.simulated != r.simulated]
     if not others:
         return []

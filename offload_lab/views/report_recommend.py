@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from offload_lab.simulation.explain import step_text
 from offload_lab.units import format_bytes
 
 __all__ = ["recommendation_data", "front_figure"]
@@ -20,8 +21,6 @@ __all__ = ["recommendation_data", "front_figure"]
 
 def recommendation_data(rec: Any, confirmation: Any) -> dict[str, Any]:
     """What the template shows of a Recommendation (and its Confirmation, if any)."""
-    from offload_lab.simulation.recommend import step_text
-
     front = []
     for _, r in rec.front.iterrows():
         front.append({

@@ -17,9 +17,11 @@ from collections.abc import Sequence
 import pandas as pd
 
 from offload_lab.analysis.comparison import compare
-from offload_lab.analysis.summary import NOISY_SPREAD, is_noisy, step_spread
+from offload_lab.analysis.summary import NOISY_SPREAD, as_runs, is_noisy, step_spread
+from offload_lab.labels import with_part
+from offload_lab.record.regime import issue_of
 from offload_lab.record.run import Run, display_label
-from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds, with_part
+from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds
 
 __all__ = ["comparison_frame", "noise_note", "order_labels"]
 
@@ -36,8 +38,6 @@ def order_labels(runs: Sequence[Run]) -> list[str]:
     >>> order_labels([a, b])
     ['a · after-compute (simulated)', 'b · before-compute (simulated)']
     """
-    from offload_lab.simulation.evidence import issue_of
-
     orders = [issue_of(r) for r in runs]
     if len(set(orders)) < 2:
         return [display_label(r) for r in runs]
@@ -90,8 +90,6 @@ def comparison_frame(runs: Run | Sequence[Run]) -> pd.DataFrame:
     'sim (simulated)'
     """
     df = compare(runs, ranks="max")
-    from offload_lab.analysis.summary import as_runs
-
     listed = as_runs(runs)
     names = order_labels(listed) if len(listed) == len(df) else df["label"].astype(str).tolist()
     return pd.DataFrame({

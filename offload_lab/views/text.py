@@ -19,6 +19,7 @@ from typing import Any
 
 from offload_lab.checks import is_number
 from offload_lab.errors import OffloadLabError
+from offload_lab.labels import SIM_MARK, strip_simulated, with_part  # noqa: F401  (part of this module's API)
 from offload_lab.units import format_bytes
 
 __all__ = ["TextError", "fmt_step", "step_band", "evidence_text", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
@@ -147,20 +148,10 @@ def text_table(frame: Any, right: Sequence[str] = ()) -> str:
 
 # labels of runs are built from parts such as "rtx4090-pcie4 · 480p tokens · pinned (simulated)"
 _SEP = re.compile(r"\s+[·|/,]\s+")
-_SIM = re.compile(r"\s*\((?:simulated|sim)\)\s*", re.I)
 
 
 def _parts(label: str) -> list[str]:
-    return [p.strip() for p in _SEP.split(_SIM.sub(" ", str(label)).strip()) if p.strip()]
-
-
-def with_part(label: Any, part: str) -> str:
-    """``label`` with `` · part`` added (labels never carry the simulated mark: views add it).
-
-    >>> with_part("14B pageable p1", "before-compute")
-    '14B pageable p1 · before-compute'
-    """
-    return f"{label} · {part}"
+    return [p.strip() for p in _SEP.split(SIM_MARK.sub(" ", str(label)).strip()) if p.strip()]
 
 
 def split_labels(labels: Sequence[Any]) -> tuple[str, list[str]]:
