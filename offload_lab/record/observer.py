@@ -120,7 +120,7 @@ from offload_lab.errors import OffloadLabError
 from offload_lab.model.spec import find_layer_groups
 from offload_lab.planning.hostmem import file_backed_checker
 from offload_lab.record.probes import LayerUse, Probe, WatchedLayer
-from offload_lab.record.recorder import Recorder, resolve_device
+from offload_lab.record.recorder import Recorder, RecordWarning, resolve_device
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
 __all__ = ["observe", "Observer", "ObserveError", "ObserveWarning", "LOOKAHEAD", "BACKENDS"]
@@ -135,7 +135,7 @@ _OBSERVED: weakref.WeakSet = weakref.WeakSet()
 _META = torch.device("meta")
 
 
-class ObserveWarning(UserWarning):
+class ObserveWarning(RecordWarning):
     """A recording that missed what the observed system did (say so rather than show nothing)."""
 
 
