@@ -45,7 +45,9 @@ from offload_lab.planning.options import (
     argparse_type,
     parse_choice,
     parse_tiers,
+    plan_kwargs,
 )
+from offload_lab.record.steps import scheduler_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -435,7 +437,7 @@ class OffloadMagics(Magics):
         from offload_lab.planning.pipeline import plan_pipeline
 
         try:
-            return plan_pipeline(spec_of(pipe), pin_budget=args.pin_budget, tier=tier, prefetch=args.prefetch)
+            return plan_pipeline(spec_of(pipe), **{**plan_kwargs(args), "tier": tier})
         except ValueError as e:
             if isinstance(e, UsageError):
                 raise
@@ -444,7 +446,7 @@ class OffloadMagics(Magics):
     def _profile_all(self, args: Any, model_expr: str, source: str) -> tuple[list[Run], Plan]:
         __tracebackhide__ = True
         from offload_lab.model.pipeline import is_pipeline
-        from offload_lab.record.runtime import profile
+        from offload_lab.record.runtime import offload, profile
 
         tiers = args.tiers or []
         if tiers and args.tier:
@@ -471,6 +473,11 @@ class OffloadMagics(Magics):
             if label and tier:
                 label = f"{label} · {tier}"
             try:
+                if not is_pipeline(model) and scheduler_of(model) is not None:
+                    # a component of a pipeline whose statement runs whole requests: the steps
+                    # are the scheduler's, as offload(pipe.transformer) finds them
+                    runs.append(_component_requests(offload, model, step, p, args, label, done))
+                    continue
                 runs.append(profile(model, step, p, steps=args.steps, warmup=args.warmup,
                                     backend=args.backend, init=args.init, label=label, issue=args.issue,
                                     progress=lambda k, n, done=done: done.__setitem__(0, k),
@@ -508,6 +515,27 @@ class OffloadMagics(Magics):
             raise UsageError(f"%offload_profile: the statement raised {type(e).__name__}; "
                              f"the model is restored") from None
         raise e.with_traceback(tb)
+
+
+def _component_requests(offload: Any, model: Any, step: Any, p: Any, args: Any, label: str | None,
+                        done: list[int]) -> Run:
+    """``-n`` runs of the statement under ``offload(model, plan)``, its steps the scheduler's;
+    those of the ``--warmup`` runs dropped."""
+    import torch
+
+    total = args.warmup + args.steps
+    with offload(model, p, backend=args.backend, init=args.init, label=label, issue=args.issue) as m:
+        dropped = 0
+        with torch.no_grad():
+            for k in range(total):
+                step()
+                if k + 1 == args.warmup:
+                    dropped = len(m.build_run().steps)
+                done[0] = k + 1
+        run = m.build_run(warmup=dropped)
+    run.meta["requests"] = args.steps
+    run.meta["warmup_requests"] = args.warmup
+    return run
 
 
 def load_ipython_extension(ipython: Any) -> None:
