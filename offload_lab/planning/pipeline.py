@@ -261,7 +261,8 @@ def plan_pipeline(
         msgs = [*msgs, f"pipeline: {misfit_note(ledger)}; accepted: fewer resident layers, a smaller "
                        f"prefetch or more device memory"]
     if host.ranks > 1:  # this rank's share of a node that several ranks plan against
-        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
+        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable,
+                      split=host.split_note())
     _emit(msgs)
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
 

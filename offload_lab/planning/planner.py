@@ -382,7 +382,8 @@ def _ledger(host: HostMemory, out: _Outcome) -> dict[str, Any]:
         "staging": {g: {"buffers": k, "buffer_bytes": b} for g, (k, b) in out.staging_groups.items()},
     }
     if host.ranks > 1:  # this rank's share of a node that several ranks plan against
-        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
+        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable,
+                      split=host.split_note())
     return ledger
 
 
