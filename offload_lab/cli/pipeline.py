@@ -152,7 +152,7 @@ def profile_pipeline(args: argparse.Namespace) -> int:
     _say(_comparison_text([run]))
     _say(f"saved {path.resolve()}")
     if report_out is not None:
-        from offload_lab.views.report import report
+        from offload_lab.views.report import report  # heavy: plotly, only with --report
 
         with cleaned_up(report_out):
             _say(f"report {report(run).save(report_out).resolve()}")

@@ -37,6 +37,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
+import offload_lab
 from offload_lab.errors import OffloadLabError
 from offload_lab.planning.options import (
     STRATEGIES,
@@ -446,7 +447,7 @@ class OffloadMagics(Magics):
     def _profile_all(self, args: Any, model_expr: str, source: str) -> tuple[list[Run], Plan]:
         __tracebackhide__ = True
         from offload_lab.model.pipeline import is_pipeline
-        from offload_lab.record.runtime import offload, profile
+        from offload_lab.record.runtime import profile
 
         tiers = args.tiers or []
         if tiers and args.tier:
@@ -476,7 +477,7 @@ class OffloadMagics(Magics):
                 if not is_pipeline(model) and scheduler_of(model) is not None:
                     # a component of a pipeline whose statement runs whole requests: the steps
                     # are the scheduler's, as offload(pipe.transformer) finds them
-                    runs.append(_component_requests(offload, model, step, p, args, label, done))
+                    runs.append(_component_requests(model, step, p, args, label, done))
                     continue
                 runs.append(profile(model, step, p, steps=args.steps, warmup=args.warmup,
                                     backend=args.backend, init=args.init, label=label, issue=args.issue,
@@ -517,14 +518,15 @@ class OffloadMagics(Magics):
         raise e.with_traceback(tb)
 
 
-def _component_requests(offload: Any, model: Any, step: Any, p: Any, args: Any, label: str | None,
+def _component_requests(model: Any, step: Any, p: Any, args: Any, label: str | None,
                         done: list[int]) -> Run:
     """``-n`` runs of the statement under ``offload(model, plan)``, its steps the scheduler's;
     those of the ``--warmup`` runs dropped."""
     import torch
 
     total = args.warmup + args.steps
-    with offload(model, p, backend=args.backend, init=args.init, label=label, issue=args.issue) as m:
+    # the package's lazy public name: importing the manager here would load torch with the magic
+    with offload_lab.offload(model, p, backend=args.backend, init=args.init, label=label, issue=args.issue) as m:
         dropped = 0
         with torch.no_grad():
             for k in range(total):
