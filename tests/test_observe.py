@@ -629,3 +629,23 @@ def test_moves_no_hook_can_see_are_said_in_a_warning(wan):
     assert len(_uses(run, "compute")) == 4 and len(_uses(run, "copy")) == 0
     with torch.no_grad():
         assert torch.equal(model(**inputs), ref)
+
+
+def test_accelerate_cpu_offload_of_the_whole_model_the_sequential_offload_hook():
+    pytest.importorskip("accelerate")
+    from accelerate import cpu_offload
+
+    pipe, _, _ = _tiny_transformer()
+    m = pipe.transformer
+    lat = torch.randn(1, m.config.in_channels, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    emb = torch.randn(1, 12, m.config.text_dim, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = m(lat, torch.tensor([10]), emb).sample
+    sizes = [_block_bytes(b) for b in m.blocks]
+    cpu_offload(m, execution_device="cpu")  # what enable_sequential_cpu_offload attaches
+    with observe(m, backend="cpu") as obs, torch.no_grad():
+        out = m(lat, torch.tensor([10]), emb).sample
+    assert torch.equal(out, ref)
+    copies = _uses(obs.run, "copy")
+    assert copies.groupby("layer")["bytes"].sum().tolist() == sizes
+    assert set(copies["tier"]) == {"pageable"}
