@@ -35,8 +35,9 @@ Hooks that another system registers *after* the observer entered are moved behin
 ``P3`` again at each :meth:`Observer.step`, so their work never counts as compute.
 
 At every probe of layer ``i`` the observer takes a marker (a timing event on the *current*
-CUDA stream, or ``perf_counter`` on the CPU), then snapshots ``(device, data_ptr, numel)`` of
-every parameter of layer ``i`` and of the next :data:`LOOKAHEAD` layers of its group (wrapping),
+CUDA stream, or ``perf_counter`` on the CPU), then snapshots ``(device, data_ptr, numel,
+storage)`` of every parameter of layer ``i``, as its modules hold them at that moment, and of
+the next :data:`LOOKAHEAD` layers of its group (wrapping),
 and of every layer at step boundaries. A change since that layer's previous snapshot is how
 the other system's copies become visible.
 
@@ -320,6 +321,8 @@ class Observer(Recorder):
             return False
         if p.device.type == "meta":
             return old[0].type == "meta"
+        if not old[2]:  # an empty tensor holds no bytes: only its device can change
+            return p.device == old[0]
         return p.data_ptr() == old[1] and old[4] is not None and not old[4].expired()
 
     def _hidden_source(self, lay: WatchedLayer, k: int) -> str | None:
@@ -331,7 +334,9 @@ class Observer(Recorder):
             wm = getattr(h, "weights_map", None)
             if wm is None:
                 continue
-            data, key = getattr(wm, "dataset", wm), f"{getattr(wm, 'prefix', '')}{name}"
+            data, key = wm, name
+            while hasattr(data, "dataset") and hasattr(data, "prefix"):  # PrefixedDataset, nested or not
+                data, key = data.dataset, f"{data.prefix}{key}"
             held = getattr(data, "state_dict", data)
             try:
                 if isinstance(held, dict) and key in held:
