@@ -73,3 +73,30 @@ def test_profile_pipeline_directory(saved, tmp_path, capsys):
     lay = run.layers[run.layers["group"] == "transformer.blocks"]
     assert len(lay) == LAYERS and (lay["tier"] == "mapped").all()
     assert "saved" in capsys.readouterr().out
+
+
+def test_profile_pipeline_takes_the_single_model_options(saved, tmp_path, capsys):
+    out, rep = tmp_path / "run.zip", tmp_path / "r.html"
+    argv = ["profile", "--pipeline", str(saved), "--steps", "2", "--warmup", "0", "--backend", "cpu",
+            "--report", str(rep), "--resident", "2", "--issue", "before-compute", "--order", "reverse",
+            "--residency", "strided", "--out", str(out)]
+    assert main(argv) == 0
+    assert rep.is_file() and rep.read_text().lstrip().lower().startswith("<!doctype html")
+    run = offload_lab.Run.load(out)
+    assert run.meta["issue"] == "before-compute"
+    params = run.meta["plan"]["components"]["transformer"]
+    assert params["resident"] == 2 and params["residency"] == "strided" and params["order"] == "reverse"
+    lay = run.layers[run.layers["group"] == "transformer.blocks"]
+    assert (lay["tier"] == "resident").sum() == 2
+    assert "report" in capsys.readouterr().out
+
+
+def test_profile_pipeline_staging_and_synthetic_sizes(saved, tmp_path, capsys):
+    out = tmp_path / "run.zip"
+    assert main(["profile", "--pipeline", str(saved), "--steps", "1", "--warmup", "0", "--backend", "cpu",
+                 "--staging", "--out", str(out)]) == 0
+    assert offload_lab.Run.load(out).meta["plan"]["components"]["transformer"]["staging"] is True
+    out2 = tmp_path / "run2.zip"
+    capsys.readouterr()
+    _refused(capsys, ["profile", "--pipeline", str(saved), "--layers", "2", "--out", str(out2)], out2,
+             "--layers size a synthetic model")

@@ -40,6 +40,15 @@ SCRIPT = textwrap.dedent(r'''
                                  same=bool(torch.equal(outs[0], ref)),
                                  restored='step' not in vars(pipe.scheduler),
                                  groups=sorted(set(run.layers['group'])))"""))
+    # a component of the pipeline, the statement a whole request: the scheduler's steps
+    with capture_output() as c:
+        r = ip.run_cell("run2 = %offload_profile --tier pinned -n 1 --warmup 1 --backend cpu -o "
+                        "pipe.transformer outs.append(pipe(**tiny_wan_call(steps=2)).frames)")
+    res["component_success"] = r.success
+    if r.success:
+        res.update(ip.ev("""dict(c_steps=len(run2.steps), c_calls=run2.steps['calls'].tolist(),
+                                 c_from=run2.meta['steps_from'], c_same=bool(torch.equal(outs[-1], ref)),
+                                 c_warm=run2.meta['warmup_dropped'])"""))
     print("RESULT " + json.dumps(res))
 ''')
 
@@ -58,3 +67,8 @@ def test_magic_profiles_a_pipeline_call():
     assert res["same"] and res["restored"]
     assert "transformer.blocks" in res["groups"]
     assert any("Timeline" in h for h in res["html"])
+    # the transformer alone over a whole request: 2 steps of 2 calls, as offload(pipe.transformer)
+    # finds them (not one step per request); the warm-up request's steps dropped
+    assert res["component_success"], res
+    assert res["c_steps"] == 2 and res["c_calls"] == [2, 2] and res["c_from"] == "scheduler"
+    assert res["c_same"] and res["c_warm"] == 2

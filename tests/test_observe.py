@@ -475,3 +475,181 @@ def test_cuda_hook_offloader_tiers_and_events():
         assert run.meta["clock"] == "cuda" and run.meta["device_name"]
         if tier == "pinned":
             assert run.memory["pinned_bytes"].max() == sum(sizes)
+
+
+# -- real offloaders: accelerate's hooks and diffusers' group offloading, on the CPU ----------------
+# On the CPU accelerate's hooks move each leaf's weights between ``meta`` and the CPU (its map of
+# offloaded weights, or files in an offload folder), replacing the ``nn.Parameter`` objects as
+# they go; diffusers' disk groups rebind every tensor to a file's bytes on entry and to a fresh
+# empty buffer on exit. The observer must see each load once, with its bytes.
+def _tiny_transformer():
+    pytest.importorskip("diffusers")
+    from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_call, tiny_wan_pipeline
+
+    pipe = tiny_wan_pipeline(layers=4)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        ref = pipe(**tiny_wan_call(steps=2)).frames
+    return pipe, ref, (lambda: pipe(**tiny_wan_call(steps=2)).frames)
+
+
+def _observe_pipe(pipe, call):
+    with observe(pipe.transformer, backend="cpu") as obs, torch.no_grad():
+        out = call()
+    return obs.run, out
+
+
+def _per_call(run):
+    copies = _uses(run, "copy")
+    return copies.groupby(["step", "call", "layer"])["bytes"].sum()
+
+
+def test_accelerate_cpu_offload_per_block_every_call_moves_the_block():
+    pytest.importorskip("accelerate")
+    from accelerate import cpu_offload
+
+    pipe, ref, call = _tiny_transformer()
+    blocks = pipe.transformer.blocks
+    sizes = [_block_bytes(b) for b in blocks]
+    for b in blocks:
+        cpu_offload(b, execution_device="cpu")
+    assert next(blocks[0].parameters()).device.type == "meta"
+    run, out = _observe_pipe(pipe, call)
+    assert torch.equal(torch.as_tensor(out), torch.as_tensor(ref))
+    per = _per_call(run)
+    comp = _uses(run, "compute")
+    assert len(per) == len(comp) == 2 * 2 * 4  # steps × guidance calls × blocks
+    assert all(per.loc[s, c, i] == sizes[i] for s, c, i in per.index)
+    # the map of offloaded weights holds ordinary CPU tensors: that is the tier
+    assert set(_uses(run, "copy")["tier"]) == {"pageable"}
+    assert run.layers["tier"].tolist() == ["pageable"] * 4
+
+
+def test_accelerate_dispatch_model_blocks_on_disk_are_mapped(tmp_path):
+    pytest.importorskip("accelerate")
+    from accelerate import dispatch_model
+
+    pipe, ref, call = _tiny_transformer()
+    m = pipe.transformer
+    sizes = [_block_bytes(b) for b in m.blocks]
+    device_map = {n: "cpu" for n, _ in m.named_children() if n != "blocks"}
+    device_map.update({n: "cpu" for n, _ in m.named_parameters(recurse=False)})
+    device_map.update({f"blocks.{i}": "disk" for i in range(len(m.blocks))})
+    with pytest.warns(UserWarning):  # accelerate's own notes on the map and the meta weights
+        dispatch_model(m, device_map=device_map, offload_dir=str(tmp_path / "offload"))
+    run, out = _observe_pipe(pipe, call)
+    assert torch.equal(torch.as_tensor(out), torch.as_tensor(ref))
+    per = _per_call(run)
+    assert len(per) == 16 and all(per.loc[s, c, i] == sizes[i] for s, c, i in per.index)
+    # read from the offload folder's files at each load
+    assert set(_uses(run, "copy")["tier"]) == {"mapped"}
+    assert run.steps["bytes_moved"].tolist() == [2 * sum(sizes)] * 2
+
+
+def test_diffusers_group_offload_to_disk_exact_bytes_per_step(tmp_path):
+    pytest.importorskip("diffusers")
+    from diffusers.hooks import apply_group_offloading
+
+    pipe, ref, call = _tiny_transformer()
+    m = pipe.transformer
+    sizes = [_block_bytes(b) for b in m.blocks]
+    cpu = torch.device("cpu")
+    apply_group_offloading(m, onload_device=cpu, offload_device=cpu, offload_type="block_level",
+                           num_blocks_per_group=1, offload_to_disk_path=str(tmp_path / "groups"))
+    run, out = _observe_pipe(pipe, call)
+    assert torch.equal(torch.as_tensor(out), torch.as_tensor(ref))
+    per = _per_call(run)
+    assert len(per) == 16 and all(per.loc[s, c, i] == sizes[i] for s, c, i in per.index)
+    # its exit rebinds to empty buffers of full size: releases, not copies
+    assert run.steps["bytes_moved"].tolist() == [2 * sum(sizes)] * 2
+
+
+class RefreshOffloader:
+    """Drops each block's copy and makes a fresh one on every entry, with no release in between:
+    the new buffer may land at the address of the one just freed."""
+
+    def __init__(self, blocks: torch.nn.ModuleList):
+        self.masters = {id(p): p.data for b in blocks for p in b.parameters()}
+        self.handles = [b.register_forward_pre_hook(self._pre) for b in blocks]
+        self.reused = 0  # copies that landed where the one they replaced was
+
+    def _pre(self, module, args):
+        for p in module.parameters():
+            before = p.data_ptr()
+            p.data = torch.empty(0)  # frees the previous copy first
+            p.data = self.masters[id(p)].clone()
+            self.reused += p.data_ptr() == before
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def test_copy_into_a_reused_address_is_still_a_copy(wan):
+    model, inputs, ref = wan
+    off = RefreshOffloader(model.blocks)
+    try:
+        with torch.no_grad():
+            model(**inputs)  # every block holds a copy before the observer enters
+        obs, outs = _observe_steps(model, inputs, steps=2)
+    finally:
+        off.close()
+        for b in model.blocks:
+            for p in b.parameters():
+                p.data = off.masters[id(p)]
+    assert all(torch.equal(o, ref) for o in outs)
+    per = _per_call(obs.run)
+    sizes = [_block_bytes(b) for b in model.blocks]
+    assert off.reused > 0  # the allocator did hand the freed address back: the case at hand
+    assert [per.loc[s, 0, i] for s in (0, 1) for i in range(4)] == sizes * 2
+
+
+def test_moves_no_hook_can_see_are_said_in_a_warning(wan):
+    model, inputs, ref = wan
+    originals = {(sub, n): p for b in model.blocks for sub in b.modules() for n, p in sub._parameters.items()}
+    handles = []
+
+    def release(module, args, out):
+        # replaces the parameter objects, as accelerate does
+        for sub in module.modules():
+            for n, p in list(sub._parameters.items()):
+                sub._parameters[n] = torch.nn.Parameter(torch.empty(p.shape, device="meta"), requires_grad=False)
+
+    try:
+        with observe(model, backend="cpu") as obs, torch.no_grad():
+            # after entering: the blocks go to meta at the end of the call; whatever loads them
+            # again would do so where no probe runs
+            for b in model.blocks:
+                handles.append(b.register_forward_hook(release))
+            with obs.step():
+                model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+        for (sub, n), p in originals.items():
+            sub._parameters[n] = p
+    with pytest.warns(offload_lab.record.observer.ObserveWarning, match="no copy.*changed device"):
+        run = obs.run
+    assert len(_uses(run, "compute")) == 4 and len(_uses(run, "copy")) == 0
+    with torch.no_grad():
+        assert torch.equal(model(**inputs), ref)
+
+
+def test_accelerate_cpu_offload_of_the_whole_model_the_sequential_offload_hook():
+    pytest.importorskip("accelerate")
+    from accelerate import cpu_offload
+
+    pipe, _, _ = _tiny_transformer()
+    m = pipe.transformer
+    lat = torch.randn(1, m.config.in_channels, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    emb = torch.randn(1, 12, m.config.text_dim, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = m(lat, torch.tensor([10]), emb).sample
+    sizes = [_block_bytes(b) for b in m.blocks]
+    cpu_offload(m, execution_device="cpu")  # what enable_sequential_cpu_offload attaches
+    with observe(m, backend="cpu") as obs, torch.no_grad():
+        out = m(lat, torch.tensor([10]), emb).sample
+    assert torch.equal(out, ref)
+    copies = _uses(obs.run, "copy")
+    assert copies.groupby("layer")["bytes"].sum().tolist() == sizes
+    assert set(copies["tier"]) == {"pageable"}

@@ -830,3 +830,18 @@ def test_staging_that_stages_nothing_says_why():
     # without staging asked for, the reason is as before
     r = plan(make_spec([3 * MiB] * 4), pin_budget="4MiB", host=BIG)
     assert r.reason_of("blocks", 1) == "pageable: 3.00 MiB > 1.00 MiB left of the pin budget"
+
+
+def test_pipeline_spec_takes_every_plan_option():
+    from offload_lab.model.pipeline import PipelineSpec, component_from_tensors
+
+    ts = [TensorSpec(f"blocks.{i}.w", (256, 256), "float32") for i in range(4)]
+    ps = PipelineSpec("P", {"transformer": component_from_tensors("transformer", ts)}, steps=4)
+    pp = plan_pipeline(ps, host=BIG, staging=True, tier="pageable", resident=1, residency="strided",
+                       order="reverse")
+    p = pp["transformer"]
+    assert p.params["staging"] is True and p.params["resident"] == 1 and p.params["order"] == "reverse"
+    assert (p.layers["tier"] == "resident").sum() == 1
+    # a component list carries its own options: the pipeline-wide ones are refused, by name
+    with pytest.raises(PlanError, match=r"staging=True apply to a PipelineSpec.*on each Component"):
+        plan_pipeline([Component("dit", make_spec([MiB] * 2))], host=BIG, staging=True)

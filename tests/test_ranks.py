@@ -128,6 +128,7 @@ def test_cli_profile_under_torchrun(tmp_path):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=JOIN_S)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("saved ") == 1  # rank 0 speaks and writes; rank 1 only profiles
+    assert done.stderr.count("] 100%") == 1, done.stderr[-2000:]  # one progress bar: rank 0's
     run = offload_lab.Run.load(out)
     assert sorted(set(run.events["rank"])) == [0, 1] and run.meta["world_size"] == 2
     node = offload_lab.HostMemory(available="64GiB", shared_by=1).spendable

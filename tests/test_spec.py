@@ -14,7 +14,7 @@ import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.model.checkpoints import read_header
 from offload_lab.model.load import spec_of
-from offload_lab.model.spec import ModelSpec, SpecError
+from offload_lab.model.spec import ModelSpec, SpecError, find_layer_groups
 from offload_lab.units import SizeError, format_bytes, parse_size
 
 
@@ -218,3 +218,24 @@ def test_malformed_spec_json_is_one_line_spec_error(tmp_path):
         with pytest.raises(SpecError, match=needle) as e:
             ModelSpec.from_json(source)
         assert "\n" not in str(e.value)
+
+
+def test_a_unet_has_the_same_groups_alone_and_in_its_pipeline():
+    pytest.importorskip("diffusers")
+    from diffusers import DDIMScheduler, DiffusionPipeline, UNet2DConditionModel
+
+    class UNetPipeline(DiffusionPipeline):
+        def __init__(self, unet, scheduler):
+            super().__init__()
+            self.register_modules(unet=unet, scheduler=scheduler)
+
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=8, norm_num_groups=4, attention_head_dim=2)
+    pipe = UNetPipeline(unet, DDIMScheduler())
+    alone = spec_of(unet).group_names
+    # down_blocks mixes cross-attention blocks and a plain one: a group all the same
+    assert alone == ["down_blocks", "up_blocks", "mid_block.resnets"]
+    assert spec_of(pipe)["unet"].spec.group_names == [f"unet.{g}" for g in alone]
+    assert find_layer_groups(unet) == alone  # what observe() watches

@@ -6,7 +6,12 @@ not load, custom code or files outside the directory
 (:mod:`offload_lab.model.pipeline_index`), a pipeline with no layer group in any component, a
 missing diffusers install. The pipeline is loaded with ``from_pretrained`` (its weights stay
 on the files' pages with accelerate installed, so ``--tier mapped`` serves them from there),
-run once per warm-up request and once measured, and the run saved.
+run once per warm-up request and once measured, and the run saved (and ``--report``).
+
+Every plan option of the single-model path applies to each component (``--resident``,
+``--residency``, ``--order``, ``--staging``, ``--tier``, ``--prefetch``, ``--pin-budget``), as
+does ``--issue``; ``--scale``, ``--layers`` and ``--tokens`` size a synthetic model and are
+refused here in one line.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from offload_lab.cli.results import comparison_text
 from offload_lab.model.load import spec_of
 from offload_lab.model.pipeline import is_pipeline_dir, pipeline_spec_from_dir
 from offload_lab.model.pipeline_index import check_pipeline_index
+from offload_lab.planning.options import plan_kwargs
 from offload_lab.planning.pipeline import plan_pipeline
 from offload_lab.planning.planner import PlanWarning
 from offload_lab.record.runtime import profile
@@ -104,8 +110,14 @@ def profile_pipeline(args: argparse.Namespace) -> int:
     """The ``--pipeline`` path of ``offload-lab profile``."""
     if args.model is not None:
         raise CliError(f"give MODEL {args.model!r} or --pipeline DIR, not both")
-    check_pipeline_dir(args.pipeline)  # the input first, then the output
+    synthetic_only = [f"--{k}" for k in ("scale", "layers", "tokens") if getattr(args, k, None) is not None]
+    if synthetic_only:
+        raise CliError(f"{', '.join(synthetic_only)} size a synthetic model; a --pipeline runs its own "
+                       f"weights (use --height, --width, --frames for the request's size)")
+    check_pipeline_dir(args.pipeline)  # the input first, then the outputs
     out = check_output(args.out, args.force, inputs=[args.pipeline], suffix=".zip")
+    report_out = (check_output(args.report, args.force, inputs=[args.pipeline], suffix=".html")
+                  if getattr(args, "report", None) else None)
     backend = resolve_backend(args.backend)
     set_threads(backend, args.threads)
     t0 = time.perf_counter()
@@ -116,14 +128,13 @@ def profile_pipeline(args: argparse.Namespace) -> int:
     say(f"loaded {ps!r} in {time.perf_counter() - t0:.1f} s")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
-        pp = plan_pipeline(ps, host=args.host, pin_budget=args.pin_budget, tier=args.tier,
-                           prefetch=args.prefetch)
+        pp = plan_pipeline(ps, host=args.host, **plan_kwargs(args))
     say(repr(pp))
     warm = args.warmup if args.warmup is not None else 1
     bar = Progress(1 + warm)
     bar.stage(f"profiling on {backend}")
     run = profile(pipe, lambda: pipe(**request_kwargs(pipe, args)), pp, warmup=warm, requests=1,
-                  backend=backend, init=args.init, label=args.label,
+                  backend=backend, init=args.init, label=args.label, issue=args.issue,
                   progress=bar.steps(f"profiling on {backend}"))
     bar.close()
     with cleaned_up(out):
@@ -132,4 +143,9 @@ def profile_pipeline(args: argparse.Namespace) -> int:
         f"{sorted(set(int(c) for c in run.steps['calls']))}")
     say(comparison_text([run]))
     say(f"saved {path.resolve()}")
+    if report_out is not None:
+        from offload_lab.views.report import report  # heavy: plotly, only with --report
+
+        with cleaned_up(report_out):
+            say(f"report {report(run).save(report_out).resolve()}")
     return 0

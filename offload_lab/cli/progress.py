@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "this_rank"]
+
+
+def this_rank() -> int:
+    """This process's global rank: ``RANK`` from the launcher, else an initialised process
+    group's, else 0 (torch is not imported for it).
+
+    >>> this_rank() if "RANK" not in os.environ else 0
+    0
+    """
+    r = os.environ.get("RANK", "")
+    if r.isdigit():
+        return int(r)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
 
 
 class Progress:
@@ -15,6 +32,7 @@ class Progress:
 
     On a terminal the bar is redrawn in place; otherwise (a CI log, a pipe) one line is written
     per stage, so logs stay readable. Work is counted in units (e.g. one per profiled step).
+    Under a launcher of several ranks only rank 0 draws it (the others' bars would interleave).
     """
 
     width = 28
@@ -29,6 +47,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.perf_counter() if started is None else started
         self._drawn = 0
+        self.shown = this_rank() == 0
 
     def _line(self) -> str:
         frac = min(1.0, self.done / self.total)
@@ -37,6 +56,8 @@ class Progress:
         return f"[{bar}] {frac:4.0%} {time.perf_counter() - self.t0:6.1f}s  {self.text}"
 
     def _draw(self, newline: bool = False) -> None:
+        if not self.shown:
+            return
         line = self._line()
         if self.tty:
             # pad over the previous, possibly longer, line instead of relying on terminal codes

@@ -65,7 +65,7 @@ def _groups_of(module: Any, groups: list[str] | str | None, mname: str) -> list[
             groups = find_layer_groups(module)
         if not groups:
             raise SpecError(
-                f"{mname!r} has no layer group: no nn.ModuleList of ≥ 2 blocks of one class; "
+                f"{mname!r} has no layer group: no nn.ModuleList of ≥ 2 blocks with parameters; "
                 f"pass groups=[...] naming its block lists"
             )
         return groups

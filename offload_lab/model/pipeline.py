@@ -34,6 +34,7 @@ from offload_lab.model.spec import (
     SpecError,
     TensorSpec,
     candidate_groups,
+    find_layer_groups,
     parameter_specs,
     spec_from_named,
 )
@@ -189,7 +190,6 @@ def pipeline_spec_of(pipe: Any, steps: int = DEFAULT_STEPS, passes: int = DEFAUL
     Tensors whose storage lies in a file mapping (a pipeline loaded by ``from_pretrained``) are
     marked ``mapped``; shared tensors are counted once.
     """
-    from torch import nn
 
     mods = torch_components(pipe)
     if not mods:
@@ -200,9 +200,8 @@ def pipeline_spec_of(pipe: Any, steps: int = DEFAULT_STEPS, passes: int = DEFAUL
         tensors, seen = parameter_specs(mod, is_mapped)
         bufs = {id(b): b for b in mod.buffers() if id(b) not in seen}
         nbytes = sum(b.numel() * b.element_size() for b in bufs.values())
-        subs = dict(mod.named_modules())
-        groups = [g for g in sorted(candidate_groups(tensors), key=lambda g: _first(tensors, g))
-                  if isinstance(subs.get(g), nn.ModuleList)]
+        # the rule spec_of(component) uses: one rule, whichever object is passed
+        groups = find_layer_groups(mod)
         out[name] = component_from_tensors(name, tensors, groups, nbytes, type(mod).__name__)
     return PipelineSpec(type(pipe).__name__, out, steps, passes)
 

@@ -436,27 +436,36 @@ def dtype_name(dtype: Any) -> str:
 
 
 def find_layer_groups(module: Any) -> list[str]:
-    """Dotted names of every ``nn.ModuleList`` of ≥ 2 blocks of one class (outermost only).
+    """Dotted names of the outermost ``nn.ModuleList`` s whose blocks ``0..n-1`` (n ≥ 2) hold
+    parameters, in the order of their first parameter.
+
+    The blocks may be of different classes (a UNet's ``down_blocks``: cross-attention blocks and
+    a plain one): the rule reads the parameters' names, as :func:`spec_of` of a whole pipeline
+    and of a pipeline directory do, so a component gets the same groups whichever object is
+    passed. A list nested in a block of another group is part of that block's layer.
 
     >>> from torch import nn
     >>> find_layer_groups(nn.ModuleDict({"blocks": nn.ModuleList(nn.Linear(2, 2) for _ in range(3))}))
     ['blocks']
+    >>> find_layer_groups(nn.ModuleDict({"mixed": nn.ModuleList([nn.Linear(2, 2), nn.Conv1d(2, 2, 1)])}))
+    ['mixed']
     """
     from torch import nn
 
-    found = []
-    for name, sub in module.named_modules():
-        if not isinstance(sub, nn.ModuleList) or len(sub) < 2 or not name:
-            continue
-        classes = {type(m) for m in sub}
-        if len(classes) != 1:
-            continue
-        if any(name.startswith(f + ".") for f in found):
-            continue
-        if not any(True for _ in sub[0].parameters()):
-            continue
-        found.append(name)
-    return found
+    lists = {name for name, sub in module.named_modules() if name and isinstance(sub, nn.ModuleList)}
+    idx: dict[str, set[int]] = defaultdict(set)
+    first: dict[str, int] = {}
+    for k, (pname, _) in enumerate(module.named_parameters()):
+        parts = pname.split(".")
+        # the outermost ModuleList on the parameter's path, and the block it is in
+        for j in range(1, len(parts) - 1):
+            head = ".".join(parts[:j])
+            if head in lists and parts[j].isdigit():
+                idx[head].add(int(parts[j]))
+                first.setdefault(head, k)
+                break
+    found = [g for g, s in idx.items() if len(s) >= 2 and s == set(range(len(s)))]
+    return sorted(found, key=first.__getitem__)
 
 
 def parameter_specs(module: Any, is_mapped: Any) -> tuple[list[TensorSpec], set[int]]:

@@ -37,6 +37,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
+import offload_lab
 from offload_lab.errors import OffloadLabError
 from offload_lab.notebook.display import figure_html
 from offload_lab.notebook.models import spec_for_model
@@ -47,7 +48,9 @@ from offload_lab.planning.options import (
     argparse_type,
     parse_choice,
     parse_tiers,
+    plan_kwargs,
 )
+from offload_lab.record.steps import scheduler_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -369,7 +372,7 @@ class OffloadMagics(Magics):
         from offload_lab.planning.pipeline import plan_pipeline
 
         try:
-            return plan_pipeline(spec_of(pipe), pin_budget=args.pin_budget, tier=tier, prefetch=args.prefetch)
+            return plan_pipeline(spec_of(pipe), **{**plan_kwargs(args), "tier": tier})
         except ValueError as e:
             if isinstance(e, UsageError):
                 raise
@@ -405,6 +408,11 @@ class OffloadMagics(Magics):
             if label and tier:
                 label = f"{label} · {tier}"
             try:
+                if not is_pipeline(model) and scheduler_of(model) is not None:
+                    # a component of a pipeline whose statement runs whole requests: the steps
+                    # are the scheduler's, as offload(pipe.transformer) finds them
+                    runs.append(_component_requests(model, step, p, args, label, done))
+                    continue
                 runs.append(profile(model, step, p, steps=args.steps, warmup=args.warmup,
                                     backend=args.backend, init=args.init, label=label, issue=args.issue,
                                     progress=lambda k, n, done=done: done.__setitem__(0, k),
@@ -442,6 +450,28 @@ class OffloadMagics(Magics):
             raise UsageError(f"%offload_profile: the statement raised {type(e).__name__}; "
                              f"the model is restored") from None
         raise e.with_traceback(tb)
+
+
+def _component_requests(model: Any, step: Any, p: Any, args: Any, label: str | None,
+                        done: list[int]) -> Run:
+    """``-n`` runs of the statement under ``offload(model, plan)``, its steps the scheduler's;
+    those of the ``--warmup`` runs dropped."""
+    import torch
+
+    total = args.warmup + args.steps
+    # the package's lazy public name: importing the manager here would load torch with the magic
+    with offload_lab.offload(model, p, backend=args.backend, init=args.init, label=label, issue=args.issue) as m:
+        dropped = 0
+        with torch.no_grad():
+            for k in range(total):
+                step()
+                if k + 1 == args.warmup:
+                    dropped = len(m.build_run().steps)
+                done[0] = k + 1
+        run = m.build_run(warmup=dropped)
+    run.meta["requests"] = args.steps
+    run.meta["warmup_requests"] = args.warmup
+    return run
 
 
 def load_ipython_extension(ipython: Any) -> None:

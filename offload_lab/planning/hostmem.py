@@ -25,7 +25,7 @@ mapping?), :func:`rounded_size` (count what is really page-locked) and :func:`re
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,16 @@ class HostMemory:
     """The ranks sharing this node's headroom: a count (even split) or one weight per rank (None: detected from the launcher)."""
     local_rank: int | None = None
     """This rank's index among ``shared_by`` (None: detected from the launcher)."""
+    split_from: str = field(default="", init=False, compare=False, repr=False)
+    """Where the split between ranks came from: ``"shared_by"`` (given), the launcher's
+    environment (``"LOCAL_WORLD_SIZE"``, ``"WORLD_SIZE"``), ``"process group"`` or ``"single process"``."""
 
     def __post_init__(self) -> None:
         self.available = _size(self.available, "available")
-        self.shared_by, self.local_rank = _resolve_share(self.shared_by, self.local_rank)
+        given = self.shared_by is not None
+        self.shared_by, self.local_rank, self.split_from = _resolve_share(self.shared_by, self.local_rank)
+        if given:
+            self.split_from = "shared_by"
         for name in ("total", "cgroup_limit"):
             value = getattr(self, name)
             if value is not None:
@@ -159,6 +165,16 @@ class HostMemory:
         w = [int(round(x * 1_000_000)) for x in self.shared_by]
         return node * w[self.local_rank] // sum(w)
 
+    def split_note(self) -> str:
+        """How this host is split between the ranks of its node, in one line (for ledgers).
+
+        >>> HostMemory(available="64GiB", shared_by=2, local_rank=1).split_note()
+        'node spendable 60.80 GiB split evenly between 2 ranks (shared_by): rank 1 gets 30.40 GiB'
+        """
+        how = "evenly" if len(set(self.shared_by)) == 1 else f"by weights {list(self.shared_by)}"
+        return (f"node spendable {format_bytes(self.node_spendable)} split {how} between {self.ranks} ranks "
+                f"({self.split_from}): rank {self.local_rank} gets {format_bytes(self.spendable)}")
+
     @property
     def node_spendable(self) -> int:
         """max(0, node headroom): what all the ranks sharing this host can spend together."""
@@ -213,7 +229,7 @@ class HostMemory:
         }
         if self.ranks > 1:  # a single process's snapshot reads as it always has
             out.update(shared_by=list(self.shared_by), local_rank=self.local_rank,
-                       node_spendable=self.node_spendable)
+                       node_spendable=self.node_spendable, split_from=self.split_from)
         return out
 
     @classmethod
@@ -229,7 +245,9 @@ class HostMemory:
         # re-detect ranks from this process's environment when reading a saved snapshot
         values.setdefault("shared_by", 1)
         values.setdefault("local_rank", 0)
-        return cls(**values)
+        host = cls(**values)
+        host.split_from = str(d.get("split_from") or host.split_from)
+        return host
 
     def __repr__(self) -> str:
         extra = f", pinned={format_bytes(self.pinned_bytes)}" if self.pinned_bytes else ""
@@ -272,29 +290,49 @@ SHARED_BY_ACCEPTED = ("None (the local world size: 1 outside torchrun), a rank c
 
 def local_ranks() -> tuple[int, int]:
     """``(local rank, local world size)`` of this process: from ``torchrun``'s environment
-    (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), else an initialised default process group (all its
-    ranks taken as one node), else ``(0, 1)``.
+    (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), else a launcher's ``RANK`` / ``WORLD_SIZE`` or an
+    initialised default process group (all its ranks taken as one node), else ``(0, 1)``.
 
     >>> import os
-    >>> local_ranks() if "LOCAL_WORLD_SIZE" not in os.environ else (0, 1)
+    >>> local_ranks() if "WORLD_SIZE" not in os.environ else (0, 1)
     (0, 1)
+    """
+    rank, size, _ = detect_local_ranks()
+    return rank, size
+
+
+def detect_local_ranks() -> tuple[int, int, str]:
+    """:func:`local_ranks` and where they were read: ``"LOCAL_WORLD_SIZE"``, ``"WORLD_SIZE"``,
+    ``"process group"`` or ``"single process"``.
+
+    >>> import os
+    >>> detect_local_ranks()[2] if "WORLD_SIZE" not in os.environ else "single process"
+    'single process'
     """
     env = os.environ
     if env.get("LOCAL_WORLD_SIZE", "").isdigit() and env.get("LOCAL_RANK", "").isdigit():
-        return int(env["LOCAL_RANK"]), max(1, int(env["LOCAL_WORLD_SIZE"]))
+        return int(env["LOCAL_RANK"]), max(1, int(env["LOCAL_WORLD_SIZE"])), "LOCAL_WORLD_SIZE"
+    # a launcher that names the job's ranks but not the node's (env:// before the group is
+    # initialised): the job is taken as one node, as an initialised group is below
+    if env.get("WORLD_SIZE", "").isdigit() and int(env["WORLD_SIZE"]) > 1:
+        rank = env.get("LOCAL_RANK", env.get("RANK", ""))
+        if rank.isdigit() and int(rank) < int(env["WORLD_SIZE"]):
+            return int(rank), int(env["WORLD_SIZE"]), "WORLD_SIZE"
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
+            return dist.get_rank(), dist.get_world_size(), "process group"
     except ImportError:  # torch is optional for planning
         pass
-    return 0, 1
+    return 0, 1, "single process"
 
 
-def _resolve_share(shared_by: Any, local_rank: Any) -> tuple[list[float], int]:
-    """``(one weight per local rank, this rank)`` from the two ``HostMemory`` fields."""
-    detected_rank, detected_size = local_ranks() if shared_by is None or local_rank is None else (0, 1)
+def _resolve_share(shared_by: Any, local_rank: Any) -> tuple[list[float], int, str]:
+    """``(one weight per local rank, this rank, where the ranks were read)`` from the two
+    ``HostMemory`` fields."""
+    detected_rank, detected_size, source = (detect_local_ranks() if shared_by is None or local_rank is None
+                                            else (0, 1, "shared_by"))
     if shared_by is None:
         shared_by = detected_size
     if isinstance(shared_by, bool) or not isinstance(shared_by, (int, list, tuple)):
@@ -312,7 +350,7 @@ def _resolve_share(shared_by: Any, local_rank: Any) -> tuple[list[float], int]:
         local_rank = detected_rank if detected_size == len(weights) else 0
     local_rank = check_int("local_rank", local_rank, minimum=0, maximum=len(weights) - 1, error=HostMemoryError,
                            note=f"one of the {len(weights)} rank(s) sharing the host")
-    return weights, local_rank
+    return weights, local_rank, source
 
 
 # -- /proc and cgroup readers ------------------------------------------------------------------

@@ -165,6 +165,7 @@ def plan_pipeline(
     components: Sequence[Component] | PipelineSpec, host: HostMemory | dict | str | int | None = None,
     pin_budget: int | str | None = None, tier: str | None = None, prefetch: int = 1,
     device_memory: int | str | None = None, tokens: int | str | None = None,
+    resident: Any = 0, residency: str = "leading", order: Any = "execution", staging: bool = False,
 ) -> PipelinePlan:
     """Plan several components against one host and one pin budget.
 
@@ -183,8 +184,11 @@ def plan_pipeline(
     ``tokens`` sizes the activations of the components whose spec knows that resolution (the
     others get their own default). With ``device_memory`` a pipeline that does not fit says so.
     ``components`` may be a :class:`~offload_lab.model.pipeline.PipelineSpec` (``spec_of(pipe)``):
-    each of its components is planned with its uses per request, and ``tier`` / ``prefetch``
-    apply to each (a forced ``mapped`` tier only where the component's weights are file views).
+    each of its components is planned with its uses per request, and ``tier`` / ``prefetch`` /
+    ``resident`` / ``residency`` / ``order`` / ``staging`` apply to each, as :func:`offload_lab.plan`
+    reads them (a resident count is per group, capped at each group's size; a forced ``mapped``
+    tier only where the component's weights are file views). With a list of :class:`Component`
+    those options are set on each component instead, and passing them here is refused.
 
     >>> from offload_lab import catalog
     >>> pp = plan_pipeline([Component("enc", catalog.load("wan2.1-t2v-1.3b"), uses=1),
@@ -195,9 +199,17 @@ def plan_pipeline(
     """
     if isinstance(components, PipelineSpec):
         comps = [Component(n, c.spec, uses=components.uses(n), prefetch=prefetch,
-                           tier=tier if tier != "mapped" or c.spec.mapped_bytes else None)
+                           tier=tier if tier != "mapped" or c.spec.mapped_bytes else None,
+                           resident=resident, residency=residency, order=order, staging=bool(staging))
                  for n, c in components.components.items()]
     else:
+        given = {k: v for k, v, d in (("resident", resident, 0), ("residency", residency, "leading"),
+                                      ("order", order, "execution"), ("staging", staging, False),
+                                      ("tier", tier, None), ("prefetch", prefetch, 1))
+                 if not (v is d or v == d)}
+        if given:
+            raise PlanError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())} apply to a PipelineSpec "
+                            f"(spec_of(pipe)); with a list of Component set them on each Component")
         comps = list(components)
     if not comps:
         raise PlanError("components is empty; expected at least one Component(name, spec, uses)")
@@ -246,7 +258,8 @@ def plan_pipeline(
         msgs = [*msgs, f"pipeline: {misfit_note(ledger)}; accepted: fewer resident layers, a smaller "
                        f"prefetch or more device memory"]
     if host.ranks > 1:  # this rank's share of a node that several ranks plan against
-        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
+        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable,
+                      split=host.split_note())
     emit_warnings(msgs)
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
 

@@ -370,7 +370,8 @@ def ledger_of(host: HostMemory, out: Outcome) -> dict[str, Any]:
         "staging": {g: {"buffers": k, "buffer_bytes": b} for g, (k, b) in out.staging_groups.items()},
     }
     if host.ranks > 1:  # this rank's share of a node that several ranks plan against
-        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
+        ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable,
+                      split=host.split_note())
     return ledger
 
 

@@ -35,8 +35,9 @@ Hooks that another system registers *after* the observer entered are moved behin
 ``P3`` again at each :meth:`Observer.step`, so their work never counts as compute.
 
 At every probe of layer ``i`` the observer takes a marker (a timing event on the *current*
-CUDA stream, or ``perf_counter`` on the CPU), then snapshots ``(device, data_ptr, numel)`` of
-every parameter of layer ``i`` and of the next :data:`LOOKAHEAD` layers of its group (wrapping),
+CUDA stream, or ``perf_counter`` on the CPU), then snapshots ``(device, data_ptr, numel,
+storage)`` of every parameter of layer ``i``, as its modules hold them at that moment, and of
+the next :data:`LOOKAHEAD` layers of its group (wrapping),
 and of every layer at step boundaries. A change since that layer's previous snapshot is how
 the other system's copies become visible.
 
@@ -80,11 +81,23 @@ Attribution rules
   full-size on the compute device at every snapshot and it ran at least once, else ``unknown``. ``pin_rank`` is <NA>,
   ``reason`` is ``"observed"``.
 
+Every snapshot reads a layer's tensors from its modules as they are *now*
+(``module._parameters``), not objects captured on entry: accelerate's hooks replace the
+``nn.Parameter`` objects at each load. A change is seen by pointer, size and storage (a weak
+reference: a new buffer that lands at the address of a freed one is still a change). Inside a
+block, every submodule wrapped by accelerate's ``add_hook_to_module`` is probed between its
+``pre_forward`` and its own forward (``cpu_offload``, ``dispatch_model`` hooks load each leaf
+there and drop it on exit): those loads are copies of that layer, their source tier read from
+the hook's map of offloaded weights (``pageable``/``pinned``/``mapped`` for tensors held in
+memory, ``mapped`` for an offload folder's files). On the CPU clock a full-size rebind seen in a
+layer's own post-hooks, after it ran, is an offload (diffusers' disk groups rebind to
+``empty_like`` buffers), not a copy.
+
 What it cannot see: copies that change no parameter pointer (a system copying into buffers it
-binds later shows the bind, not the copy), work of systems that wrap every *leaf* module
-(accelerate's ``cpu_offload`` hooks each ``Linear``: their copies fall inside compute and the
-layer stays ``unknown``), and the other system's copy stream timeline on CUDA (use
-:func:`offload_lab.from_torch_profiler` for that).
+binds later shows the bind, not the copy), loads done by plain torch hooks on leaf modules
+(their copies fall inside compute; a run with computes and no copy while weights changed device
+says so in an :class:`ObserveWarning`), and the other system's copy stream timeline on CUDA
+(use :func:`offload_lab.from_torch_profiler` for that).
 
 On CUDA, :meth:`Observer.step` synchronizes the device at step boundaries (as offload-lab's own
 runs do, so the two compare fairly); nothing else synchronizes.
@@ -92,6 +105,7 @@ runs do, so the two compare fairly); nothing else synchronizes.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -100,16 +114,17 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from offload_lab import vocabulary
 from offload_lab.errors import OffloadLabError
 from offload_lab.model.spec import find_layer_groups
 from offload_lab.planning.hostmem import file_backed_checker
 from offload_lab.record.probes import LayerUse, Probe, WatchedLayer
-from offload_lab.record.recorder import Recorder, resolve_device
+from offload_lab.record.recorder import Recorder, RecordWarning, resolve_device
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
 
-__all__ = ["observe", "Observer", "ObserveError", "LOOKAHEAD", "BACKENDS"]
+__all__ = ["observe", "Observer", "ObserveError", "ObserveWarning", "LOOKAHEAD", "BACKENDS"]
 
 BACKENDS = vocabulary.BACKENDS
 #: how many layers after the running one are snapshotted at each of its probes, so that a
@@ -118,6 +133,11 @@ LOOKAHEAD = 2
 # a slower tier wins a tie: a mix never looks better than it was
 _TIER_RANK = {"mapped": 3, "pageable": 2, "unknown": 1, "pinned": 0}
 _OBSERVED: weakref.WeakSet = weakref.WeakSet()
+_META = torch.device("meta")
+
+
+class ObserveWarning(RecordWarning):
+    """A recording that missed what the observed system did (say so rather than show nothing)."""
 
 
 class ObserveError(OffloadLabError, ValueError):
@@ -164,6 +184,8 @@ class Observer(Recorder):
         for lay in self._layers:
             self._by_group.setdefault(lay.group, []).append(lay)
         self._hooks: list = []
+        # (submodule, the inner forward we wrapped): accelerate-style leaf hooks, undone on exit
+        self._inner: list[tuple[nn.Module, Any]] = []
         self._order: list[tuple[nn.Module, Any, Any, Any, Any]] = []
         self._uses: list[tuple[WatchedLayer, LayerUse]] = []
         self._overhead = 0.0
@@ -194,13 +216,14 @@ class Observer(Recorder):
         layers, owner = [], set()
         for g in groups:
             for i, block in enumerate(mods[g]):
-                params = []
-                for p in block.parameters():
-                    # a shared parameter belongs to its first owner: one copy, one layer
-                    if id(p) not in owner:
-                        owner.add(id(p))
-                        params.append(p)
-                layers.append(WatchedLayer(g, i, block, params))
+                slots = []
+                for sub in block.modules():
+                    for name, p in sub._parameters.items():
+                        # a shared parameter belongs to its first owner: one copy, one layer
+                        if p is not None and id(p) not in owner:
+                            owner.add(id(p))
+                            slots.append((sub, name))
+                layers.append(WatchedLayer(g, i, block, slots))
         return layers
 
     # -- enter / exit ----------------------------------------------------------------------------
@@ -226,11 +249,12 @@ class Observer(Recorder):
             self._backend = CpuBackend(self.device)
         self._refresh_host_view()
         for lay in self._layers:
-            lay.state = [self._param_state(p) for p in lay.params]
-            lay.max_bytes = [self._nbytes(p) for p in lay.params]
+            params = lay.tensors()
+            lay.state = [self._param_state(p) for p in params]
+            lay.max_bytes = [self._nbytes(p) for p in params]
             # cpu clock: where each parameter points now is its host copy (a change back is a release)
-            lay.home = [{s[1]} if s[0].type == "cpu" and s[2] else set() for s in lay.state]
-            on_dev = [self._full_on_device(s, p, m) for s, p, m in zip(lay.state, lay.params, lay.max_bytes)]
+            lay.home = [{s[1]: s[4]} if s[0].type == "cpu" and s[2] else {} for s in lay.state]
+            on_dev = [self._full_on_device(s, m) for s, m in zip(lay.state, lay.max_bytes)]
             lay.on_device_throughout = all(on_dev)
             lay.dev_bytes = sum(m for m, ok in zip(lay.max_bytes, on_dev) if ok)
         model_name = str(getattr(self.model, "offload_spec_meta", {}).get("spec_name")
@@ -252,6 +276,10 @@ class Observer(Recorder):
                 self._hooks[-1].remove()
                 self._hooks.pop()
             self._order.clear()
+            while self._inner:
+                sub, inner = self._inner[-1]
+                sub._old_forward = inner
+                self._inner.pop()
 
         def forget() -> None:
             for lay in self._layers:
@@ -264,14 +292,63 @@ class Observer(Recorder):
 
     # -- snapshots -------------------------------------------------------------------------------
     @staticmethod
-    def _nbytes(p: torch.Tensor) -> int:
-        return int(p.numel()) * int(p.element_size())
+    def _nbytes(p: torch.Tensor | None) -> int:
+        return 0 if p is None else int(p.numel()) * int(p.element_size())
 
-    def _param_state(self, p: torch.Tensor) -> tuple:
+    def _param_state(self, p: torch.Tensor | None) -> tuple:
+        """``(device, data_ptr, numel, source tier, storage weak ref, element size)`` of ``p``.
+
+        The weak reference tells a new buffer from the old one when it lands at the old
+        address; it keeps no bytes alive.
+        """
+        if p is None:
+            return (_META, 0, 0, None, None, 1)
         dev = p.device
-        ptr = 0 if dev.type == "meta" else int(p.data_ptr())
         n = int(p.numel())
-        return (dev, ptr, n, self._source_tier(p) if dev.type == "cpu" and n else None)
+        if dev.type == "meta":
+            return (dev, 0, n, None, None, int(p.element_size()))
+        ref = StorageWeakRef(p.untyped_storage()) if n else None
+        return (dev, int(p.data_ptr()), n, self._source_tier(p) if dev.type == "cpu" and n else None, ref,
+                int(p.element_size()))
+
+    @staticmethod
+    def _same(p: torch.Tensor | None, old: tuple) -> bool:
+        # the hot path: a data pointer names its device too (meta tensors have none: 0); a
+        # pointer seen again after its storage died is another buffer at a reused address
+        if p is None:
+            return old[2] == 0
+        if p.numel() != old[2]:
+            return False
+        if p.device.type == "meta":
+            return old[0].type == "meta"
+        if not old[2]:  # an empty tensor holds no bytes: only its device can change
+            return p.device == old[0]
+        return p.data_ptr() == old[1] and old[4] is not None and not old[4].expired()
+
+    def _hidden_source(self, lay: WatchedLayer, k: int) -> str | None:
+        """The tier a tensor that arrived from an unseen state (``meta``) was read from, where the
+        system that loaded it says so (accelerate's hooks keep a map of the offloaded weights)."""
+        sub, name = lay.slots[k]
+        hook = getattr(sub, "_hf_hook", None)
+        for h in [*getattr(hook, "hooks", ()), hook]:
+            wm = getattr(h, "weights_map", None)
+            if wm is None:
+                continue
+            data, key = wm, name
+            while hasattr(data, "dataset") and hasattr(data, "prefix"):  # PrefixedDataset, nested or not
+                data, key = data.dataset, f"{data.prefix}{key}"
+            held = getattr(data, "state_dict", data)
+            try:
+                if isinstance(held, dict) and key in held:
+                    t = held[key]
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel():
+                        return self._source_tier(t)
+                # not in memory: read from the offload folder's files at each load
+                if key in getattr(data, "index", {}):
+                    return "mapped"
+            except (TypeError, KeyError, RuntimeError):  # a map of another shape: not guessed
+                return None
+        return None
 
     def _source_tier(self, t: torch.Tensor) -> str:
         """Where a CPU tensor's bytes live; what a copy out of it would be."""
@@ -291,26 +368,27 @@ class Observer(Recorder):
         self._checker = file_backed_checker()
         self._tier_cache.clear()
 
-    def _full_on_device(self, s: tuple, p: torch.Tensor, full: int) -> bool:
-        dev, _, n, _ = s
+    def _full_on_device(self, s: tuple, full: int) -> bool:
+        dev, _, n = s[0], s[1], s[2]
         return (dev.type == self.device.type and (dev.index or 0) == (self.device.index or 0)
-                and n * p.element_size() == full and n > 0)
+                and n * s[5] == full and n > 0)
 
-    def _check(self, lay: WatchedLayer, probe: Probe, use: LayerUse | None) -> list[dict]:
-        """Snapshot ``lay``; record what arrived since its previous snapshot."""
+    def _check(self, lay: WatchedLayer, probe: Probe, use: LayerUse | None, after_use: bool = False) -> list[dict]:
+        """Snapshot ``lay`` (its tensors as the module holds them now); record what arrived."""
         arrived: dict[str, int] = {}
         changed = False
-        for k, p in enumerate(lay.params):
+        for k, p in enumerate(lay.tensors()):
             old = lay.state[k]
-            # the hot path: a data pointer names its device too (meta tensors have none: 0)
-            if p.data_ptr() == old[1] and p.numel() == old[2]:
+            if self._same(p, old):
                 continue
             changed = True
             new = self._param_state(p)
             lay.state[k] = new
             nb = self._nbytes(p)
             lay.max_bytes[k] = max(lay.max_bytes[k], nb)
-            full = self._full_on_device(new, p, lay.max_bytes[k])
+            if old[0].type != new[0].type or old[2] != new[2]:
+                lay.moved = True
+            full = self._full_on_device(new, lay.max_bytes[k])
             if not full:
                 lay.on_device_throughout = False
                 continue
@@ -319,17 +397,23 @@ class Observer(Recorder):
                 if old[0] == new[0] and old[2] == new[2]:
                     continue  # a full-size rebind on the device: no bytes crossed the link
             else:
-                if new[1] in lay.home[k]:
-                    continue  # back to its host copy: a release
+                home = lay.home[k].get(new[1])
+                if home is not None and not home.expired():
+                    continue  # back to its (still living) host copy: a release
+                if after_use:
+                    # rebound in its own post-hooks, once it ran: an offload into a fresh
+                    # full-size buffer (diffusers' disk groups use ``empty_like``), not a load
+                    continue
                 if src_tier is not None:
-                    lay.home[k].add(old[1])
+                    lay.home[k][old[1]] = old[4]
+            if src_tier is None and old[0].type == "meta":
+                src_tier = self._hidden_source(lay, k)
             tier = src_tier or "unknown"
             arrived[tier] = arrived.get(tier, 0) + nb
             if tier == "pinned":
                 self._pinned_seen[id(p)] = nb
         if changed:
-            lay.dev_bytes = sum(m for s, p, m in zip(lay.state, lay.params, lay.max_bytes)
-                                if self._full_on_device(s, p, m))
+            lay.dev_bytes = sum(m for s, m in zip(lay.state, lay.max_bytes) if self._full_on_device(s, m))
         out = []
         prev = lay.last or probe
         for tier, nb in arrived.items():
@@ -355,7 +439,8 @@ class Observer(Recorder):
     def _host(self) -> float:
         return self._backend.host_to_device_time(self._backend.now())
 
-    def _probe(self, lay: WatchedLayer | None, use: LayerUse | None, sample: bool = False) -> tuple[Probe, bool, bool]:
+    def _probe(self, lay: WatchedLayer | None, use: LayerUse | None, sample: bool = False,
+               lookahead: bool = True, after_use: bool = False) -> tuple[Probe, bool, bool]:
         """Mark, snapshot ``lay`` and its lookahead (or every layer), mark again.
 
         Returns the probe, whether ``lay``'s own weights arrived and whether anything arrived.
@@ -368,11 +453,11 @@ class Observer(Recorder):
             for other in self._layers:
                 anything |= bool(self._check(other, probe, None))
         else:
-            own = bool(self._check(lay, probe, use))
+            own = bool(self._check(lay, probe, use, after_use=after_use))
             anything = own
             group = self._by_group[lay.group]
             n = len(group)
-            for d in range(1, min(LOOKAHEAD, n - 1) + 1):
+            for d in range(1, (min(LOOKAHEAD, n - 1) if lookahead else 0) + 1):
                 anything |= bool(self._check(group[(lay.index + d) % n], probe, None))
         if sample:
             self._sample_memory()
@@ -395,6 +480,25 @@ class Observer(Recorder):
             for sub in m.modules():
                 if sub is not m:
                     self._hooks.append(sub.register_forward_pre_hook(pc))
+                self._wrap_inner(lay, sub)
+
+    def _wrap_inner(self, lay: WatchedLayer, sub: nn.Module) -> None:
+        """Probe inside a forward wrapper that loads a submodule's weights and drops them again
+        before any hook of ours runs (accelerate's ``add_hook_to_module`` calls
+        ``module._old_forward`` between its ``pre_forward`` and ``post_forward``)."""
+        inner = vars(sub).get("_old_forward")
+        if "forward" not in vars(sub) or not callable(inner) or getattr(sub, "_hf_hook", None) is None:
+            return
+
+        def probed(*args, **kwargs):
+            if lay.open:
+                use = lay.open[-1]
+                _, own, _ = self._probe(lay, use, lookahead=False)
+                use.copied_in_forward |= own
+            return inner(*args, **kwargs)
+
+        sub._old_forward = probed
+        self._inner.append((sub, inner))
 
     def _keep_order(self) -> None:
         """Put P0/P2 first and P1/P3 last again, behind hooks registered after we entered."""
@@ -446,7 +550,7 @@ class Observer(Recorder):
             if use.p1 is not None and use.end is not None:
                 self._uses.append((lay, use))
                 lay.uses += 1
-            self._probe(lay, None, sample=True)
+            self._probe(lay, None, sample=True, after_use=True)
 
         return p0, p1, pc, p2, p3
 
@@ -550,6 +654,15 @@ class Observer(Recorder):
         from offload_lab.analysis.summary import tier_summary
 
         plan_layers, mixed = self._layer_tiers()
+        computes = sum(1 for _, use in self._uses if self._locate(use.step) is not None)
+        copies = sum(len(use.copies) for _, use in self._uses)
+        moved = [lay.name for lay in self._layers if lay.moved]
+        if computes and not copies and moved:
+            warnings.warn(
+                f"observed {computes} layer computes but no copy, although the weights of "
+                f"{len(moved)} layer(s) ({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}) changed "
+                f"device: the offloading system moves them where no hook of the observer runs; "
+                f"their tier stays 'unknown'", ObserveWarning, stacklevel=3)
         return plan_layers, {
             "mixed_tier_layers": mixed,
             "unused_copies": int(sum(len(lay.pending) for lay in self._layers)),

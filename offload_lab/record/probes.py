@@ -38,7 +38,9 @@ class WatchedLayer:
     group: str
     index: int
     module: nn.Module
-    params: list[nn.Parameter]
+    #: where each of its parameters lives, as ``(owning submodule, name)``: resolved at every
+    #: snapshot, since other systems replace the ``nn.Parameter`` objects themselves
+    slots: list[tuple[nn.Module, str]]
     state: list[tuple] = field(default_factory=list)   # (device, ptr, numel, source tier | None)
     home: list[set] = field(default_factory=list)      # cpu backend: pointers of host copies
     max_bytes: list[int] = field(default_factory=list)
@@ -50,6 +52,12 @@ class WatchedLayer:
     max_mapped: int = 0
     uses: int = 0
     dev_bytes: int = 0  # bytes of its weights bound on the compute device at the last snapshot
+
+    moved: bool = False  # a tensor changed device or size at some snapshot (e.g. cpu ↔ meta)
+
+    def tensors(self) -> list[Any]:
+        """Its parameters as the module holds them now (None where one was removed)."""
+        return [m._parameters.get(n) for m, n in self.slots]
 
     @property
     def name(self) -> str:

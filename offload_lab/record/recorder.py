@@ -14,6 +14,7 @@ import platform
 import signal
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +29,23 @@ from offload_lab.record.steps import Call, SchedulerWrap, group_calls, scheduler
 
 #: how often one restore action is retried when an interrupt cuts it short
 RESTORE_ATTEMPTS = 3
+#: the public entry points, besides ``forward``, whose top-level calls are calls of a component
+#: (a pipeline calls an autoencoder's ``encode``/``decode``, never its ``forward``)
+ENTRY_POINTS = ("encode", "decode")
+
+
+class RecordWarning(UserWarning):
+    """A recording that holds less than was asked of it (nothing at all, or moves it could not see)."""
+
+
+def entry_points(module: Any) -> list[str]:
+    """The entry points of ``module`` that are recorded as calls besides ``forward``.
+
+    >>> from torch import nn
+    >>> entry_points(nn.Linear(2, 2))
+    []
+    """
+    return [name for name in ENTRY_POINTS if callable(getattr(type(module), name, None))]
 
 
 @contextlib.contextmanager
@@ -137,6 +155,8 @@ class Recorder:
         self._open_call: dict[str, Call] = {}
         self._call_depth: dict[str, int] = {}
         self._call_hooks: list = []
+        # (module, entry point name, its instance attribute before we wrapped it or None)
+        self._entry_wraps: list[tuple[Any, str, Any]] = []
         self._sched_wrap: SchedulerWrap | None = None
         self._where: dict[int, tuple[int, int]] = {}
         self._explicit_at: dict[int, int] = {}
@@ -217,13 +237,38 @@ class Recorder:
             for m in mods:
                 self._call_hooks.append(m.register_forward_pre_hook(pre, prepend=True))
                 self._call_hooks.append(m.register_forward_hook(post, always_call=True))
+                for name in entry_points(m):
+                    self._wrap_entry(m, name, pre, post)
         target = self._scheduler_target
         sched = scheduler_of(self.model if isinstance(target, str) else target)  # type: ignore[attr-defined]
         if sched is not None:
             self._sched_wrap = SchedulerWrap(sched, self._tick)
             self._meta["scheduler"] = type(sched).__name__
 
+    def _wrap_entry(self, module: Any, name: str, pre: Callable, post: Callable) -> None:
+        """Make a top-level call of ``module.<name>`` a call, as a forward is (an instance
+        attribute, removed on restore; the class is never touched)."""
+        had = vars(module).get(name)
+        inner = getattr(module, name)
+
+        def entry(*args, **kwargs):
+            pre(module, args)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                post(module, args)
+
+        setattr(module, name, entry)
+        self._entry_wraps.append((module, name, had))
+
     def _unwatch_calls(self) -> None:
+        while self._entry_wraps:
+            module, name, had = self._entry_wraps[-1]
+            if had is None:
+                vars(module).pop(name, None)
+            else:
+                setattr(module, name, had)
+            self._entry_wraps.pop()
         if self._sched_wrap is not None:
             self._sched_wrap.restore()
             self._sched_wrap = None
@@ -382,6 +427,13 @@ class Recorder:
         check_int("warmup", warmup, minimum=0, error=self._error)
         self._backend.synchronize()
         r = self._backend.resolve
+        if not self._calls and not self._bounds:
+            roots = ", ".join(sorted({type(m).__name__ for ms in self._call_roots().values() for m in ms}))
+            warnings.warn(
+                f"{self._context} recorded nothing: no call of {roots} (forward"
+                f"{''.join(', ' + n for n in ENTRY_POINTS)}) and no step() ran inside the `with` "
+                f"block; call the model inside it, or pass the component that the call runs",
+                RecordWarning, stacklevel=3)
         marks, how = self._group_steps()
         self._kept_steps = {b["step"] for b in marks[warmup:]}
         events = self._events(r, warmup)
