@@ -22,7 +22,8 @@ import pandas as pd
 
 from offload_lab.checks import check_number
 from offload_lab.errors import OffloadLabError
-from offload_lab.record.run import TIERS, Run, display_label
+from offload_lab.record.run import Run, display_label
+from offload_lab.record.tiers import tier_counts, tier_summary
 
 BANDWIDTH_COLUMNS = ["tier", "copies", "bytes", "copy_s", "gbps", "best_gbps"]
 _COPY_TIERS = ("pinned", "staged", "pageable", "mapped", "resident", "unknown")
@@ -71,31 +72,6 @@ def _median(s: pd.Series) -> float:
 
 
 # -- small summaries --------------------------------------------------------------------------
-def tier_counts(layers: pd.DataFrame) -> dict[str, int]:
-    """Layers per tier, in the canonical tier order (resident, pinned, pageable, mapped, ...).
-
-    >>> import pandas as pd
-    >>> tier_counts(pd.DataFrame({"tier": ["pinned", "pageable", "pinned"]}))
-    {'pinned': 2, 'pageable': 1}
-    """
-    if "tier" not in layers or not len(layers):
-        return {}
-    counts = layers["tier"].astype("string").fillna("unknown").value_counts()
-    order = [t for t in TIERS if t in counts.index] + sorted(t for t in counts.index if t not in TIERS)
-    return {str(t): int(counts[t]) for t in order}
-
-
-def tier_summary(layers: pd.DataFrame) -> str:
-    """``"20 pinned, 10 pageable"`` — how a run's or plan's layers are placed.
-
-    >>> import pandas as pd
-    >>> tier_summary(pd.DataFrame({"tier": ["pinned"] * 20 + ["pageable"] * 10}))
-    '20 pinned, 10 pageable'
-    """
-    counts = tier_counts(layers)
-    return ", ".join(f"{n} {t}" for t, n in counts.items()) if counts else "no layers"
-
-
 def dominant_tier(layers: pd.DataFrame) -> str:
     """The tier most streamed layers use (``resident`` when nothing is streamed).
 

@@ -123,6 +123,7 @@ from offload_lab.planning.hostmem import file_backed_checker
 from offload_lab.record.probes import LayerUse, Probe, WatchedLayer
 from offload_lab.record.recorder import Recorder, RecordWarning, resolve_device
 from offload_lab.record.runtime.backends import CpuBackend, CudaBackend
+from offload_lab.record.tiers import tier_summary
 
 __all__ = ["observe", "Observer", "ObserveError", "ObserveWarning", "LOOKAHEAD", "BACKENDS"]
 
@@ -651,8 +652,6 @@ class Observer(Recorder):
         return events
 
     def _placement(self) -> tuple[pd.DataFrame, dict[str, Any]]:
-        from offload_lab.analysis.summary import tier_summary
-
         plan_layers, mixed = self._layer_tiers()
         computes = sum(1 for _, use in self._uses if self._locate(use.step) is not None)
         copies = sum(len(use.copies) for _, use in self._uses)

@@ -17,6 +17,7 @@ import torch
 from offload_lab import vocabulary
 from offload_lab.checks import check_bool, check_choice, check_int
 from offload_lab.errors import OffloadLabError
+from offload_lab.record.tiers import tier_summary
 
 __all__ = ["OffloadError", "OffloadOptions", "MAX_STAGE_THREADS", "plan_label", "resolve_options"]
 
@@ -91,7 +92,4 @@ def plan_label(layers: pd.DataFrame, prefetch: int) -> str:
     >>> plan_label(pd.DataFrame({"tier": ["pinned", "pageable", "pinned"]}), 1)
     '2 pinned, 1 pageable, prefetch 1'
     """
-    counts = layers["tier"].astype("string").fillna("unknown").value_counts() if "tier" in layers else {}
-    order = [t for t in vocabulary.TIERS if t in counts] + sorted(t for t in counts.keys() if t not in vocabulary.TIERS)
-    tiers = ", ".join(f"{int(counts[t])} {t}" for t in order) if len(order) else "no layers"
-    return f"{tiers}, prefetch {prefetch}"
+    return f"{tier_summary(layers)}, prefetch {prefetch}"
