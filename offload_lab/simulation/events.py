@@ -42,7 +42,7 @@ class _Events:
         self.rows.extend((step, lay.lid, kind, start, end))
 
     def frame(self, steps: int, run: str = "", passes: int = 1) -> pd.DataFrame:
-        """The events frame in contract form, sorted by (start, end) as :meth:`Run.build` keeps it.
+        """The events frame in contract form (every column in its final dtype), sorted by (start, end) as :meth:`Run.build` keeps it.
 
         Rows carry the forward they serve (step × ``passes`` + pass); the frame splits it into
         ``step`` and ``call`` (the pass within the step, as the runtime numbers its calls).
@@ -78,6 +78,7 @@ class _Events:
             "tier": _strings(tiers, t_of[lid]),
             "bytes": np.where(_MOVES_BYTES[kind], bytes_of[lid], 0),
             "start_s": s, "end_s": e, "dur_s": e - s,
+            "rank": np.zeros(n, dtype="int64"),
         }, copy=False)
 
     def memory(self, spec: Any) -> pd.DataFrame:
@@ -97,8 +98,8 @@ class _Events:
         return pd.DataFrame({
             "t_s": t[order], "device_bytes": np.cumsum(d[order]),
             "pinned_bytes": np.full(n, pinned, dtype="int64"), "anon_bytes": np.full(n, anon, dtype="int64"),
-            "mapped_bytes": np.full(n, mapped, dtype="int64"),
-        })
+            "mapped_bytes": np.full(n, mapped, dtype="int64"), "rank": np.zeros(n, dtype="int64"),
+        }, copy=False)
 
 
 def _time_order(s: np.ndarray, e: np.ndarray) -> np.ndarray:
