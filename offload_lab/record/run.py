@@ -144,7 +144,7 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
         "overlap": ratio[inv].astype("float64"),
         "bytes_moved": moved[inv],
         "rank": np.zeros(len(bstep), dtype="int64"),
-    }, columns=STEP_COLUMNS)
+    }, columns=STEP_COLUMNS, copy=False)
 
 
 
@@ -219,7 +219,7 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
         **base, "tier": planned("tier", "string"), "bytes": planned("bytes", "int64"),
         "mapped_bytes": planned("mapped_bytes", "int64"), "streamed": planned("streamed", "bool"),
         "pin_rank": planned("pin_rank", "Int64"), **vals, "rank": np.zeros(n_base, dtype="int64"),
-    }, columns=LAYER_COLUMNS)
+    }, columns=LAYER_COLUMNS, copy=False)
 
 
 class Run:
