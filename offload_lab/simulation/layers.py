@@ -58,8 +58,10 @@ def _spec_facts(spec: Any) -> dict[tuple[str, int], tuple[str, int, int, int]]:
 
 def _layer_compute(spec: Any, profile: DeviceProfile, tokens: int | str | None) -> dict[tuple[str, int], tuple[float, float]]:
     """Per layer, ``(compute seconds, curve floor)`` on ``profile`` at ``tokens``, kept per spec
-    object and profile value (a profile changed in place is a new key: its repr is)."""
-    key = (id(spec), repr(profile), tokens if isinstance(tokens, (int, str, type(None))) else repr(tokens))
+    object and per value of what those read on the profile (a profile changed in place is a
+    new key)."""
+    key = (id(spec), type(profile), repr(profile.compute_s), repr(profile.compute_curve), profile.tflops,
+           profile.tokens, tokens if isinstance(tokens, (int, str, type(None))) else repr(tokens))
     hit = _compute_cache.get(key)
     if hit is not None and hit[0] is spec:
         _compute_cache.move_to_end(key)
