@@ -24,8 +24,12 @@ _MOVES_BYTES = np.array([True, False, False, True, True])
 
 
 def _strings(values: list[str], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """``values[codes]`` as a pandas ``string`` array, taken in Arrow (no Python string per row)."""
-    return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()).take(pa.array(codes)))
+    """``values[codes]`` as a pandas ``string`` array of the storage ``astype("string")`` gives
+    (pandas 3: Arrow, taken there with no Python string per row; pandas 2: Python objects), so
+    the frame is what a saved run reads back as, without being re-typed."""
+    if pd.StringDtype().storage == "pyarrow":
+        return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()).take(pa.array(codes)))
+    return pd.arrays.StringArray(np.asarray(values, dtype=object)[codes])
 
 
 class _Events:
