@@ -149,7 +149,7 @@ for tier in ("pinned", "pageable"):
 host64 = offload_lab.HostMemory(available="64GiB")
 for tier in ("pinned", "pageable"):
     p = offload_lab.plan(full, tier=tier, host=host64)
-    runs.append(offload_lab.simulate(full, p, "h200", steps=3,
+    runs.append(offload_lab.simulate(p, "h200", steps=3,
                                      label=f"Wan2.1-T2V-1.3B full size · {tier} · H200"))
 offload_lab.compare(runs)
 

@@ -25,10 +25,10 @@ __version__ = "0.2.0"
 # public name -> module that defines it
 _EXPORTS = {
     "ModelSpec": "model.spec", "GroupSpec": "model.spec", "LayerSpec": "model.spec",
-    "TensorSpec": "model.spec", "spec_of": "model.spec", "SpecError": "model.spec",
+    "TensorSpec": "model.spec", "spec_of": "model.load", "SpecError": "model.spec",
     "PipelineSpec": "model.pipeline", "PipelinePlan": "planning.pipeline",
     "parse_size": "units", "format_bytes": "units",
-    "HostMemory": "planning.hostmem", "is_file_backed": "planning.hostmem",
+    "HostMemory": "planning.hostmem", "is_file_backed": "filemaps",
     "Plan": "planning.planner", "plan": "planning.planner", "plan_pipeline": "planning.pipeline",
     "staging_buffers": "planning.grants",
     "Component": "planning.pipeline", "PlanError": "planning.errors",
@@ -43,12 +43,12 @@ _EXPORTS = {
     "held_out": "simulation.heldout",
     "report": "views.report", "Report": "views.report",
     "PlanExplorer": "notebook.explorer",
-    "shipped_runs": "shipped", "load": "artifacts", "OffloadLabError": "errors",
+    "shipped_runs": "record.shipped", "load": "artifacts", "OffloadLabError": "errors",
 }
 # submodules users reach from the root: ``offload_lab.catalog.load(...)``
 _MODULES = {
     "catalog": "model.catalog", "synthetic": "model.synthetic", "flops": "model.flops",
-    "figures": "views.figures",
+    "figures": "views.figures", "engines": "engines",
 }
 _PACKAGES = {"model", "planning", "record", "simulation", "analysis", "views", "notebook", "cli"}
 
@@ -74,6 +74,5 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext offload_lab`` registers ``%offload_profile``."""
-    from offload_lab.notebook.magic import load_ipython_extension as _load
-
-    _load(ipython)
+    # a lazy hook like the exports above: IPython calls it, and the package root imports nothing
+    importlib.import_module(".notebook.magic", __name__).load_ipython_extension(ipython)

@@ -19,8 +19,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+# the facade over every format: it sits above all the packages whose objects it reads back
 from offload_lab.errors import OffloadLabError
+from offload_lab.model.spec import ModelSpec
+from offload_lab.planning.pipeline import PipelinePlan
+from offload_lab.planning.planner import Plan
 from offload_lab.reading import MAX_JSON_BYTES, InputFileError, check_input, parse_json, read_bytes
+from offload_lab.record.kineto import from_torch_profiler
+from offload_lab.record.run import Run
+from offload_lab.simulation.profile import DeviceProfile
 
 __all__ = ["ArtifactError", "load", "FORMATS"]
 
@@ -59,19 +66,11 @@ def _json_head(path: Path) -> dict[str, Any] | None:
 def _from_json(doc: dict[str, Any]) -> Any:
     kind = FORMATS[doc["format"]]
     if kind == "Plan":
-        from offload_lab.planning.planner import Plan
-
         return Plan.from_dict(doc)
     if kind == "PipelinePlan":
-        from offload_lab.planning.pipeline import PipelinePlan
-
         return PipelinePlan.from_dict(doc)
     if kind == "ModelSpec":
-        from offload_lab.model.spec import ModelSpec
-
         return ModelSpec.from_dict(doc)
-    from offload_lab.simulation.profile import DeviceProfile
-
     return DeviceProfile.from_dict(doc)
 
 
@@ -103,26 +102,16 @@ def load(path: str | os.PathLike) -> Any:
             raise ArtifactError(str(e)) from None
     if p.is_dir():
         if any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json")):
-            from offload_lab.model.spec import ModelSpec
-
             return ModelSpec.from_safetensors(p)
-        from offload_lab.record.kineto import from_torch_profiler
-
         return from_torch_profiler(p)
     if name.endswith(".zip"):
-        from offload_lab.record.run import Run
-
         return Run.load(p)
     if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
-        from offload_lab.model.spec import ModelSpec
-
         return ModelSpec.from_safetensors(p)
     if name.endswith(".json"):
         doc = _json_head(p)
         if doc is not None:
             return _from_json(doc)
     if name.endswith((".json", ".json.gz")):
-        from offload_lab.record.kineto import from_torch_profiler
-
         return from_torch_profiler(p)
     raise ArtifactError(f"{str(p)!r} is not an offload-lab artefact by its name; accepted: {_accepted()}")

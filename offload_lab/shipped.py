@@ -17,14 +17,10 @@ from __future__ import annotations
 import functools
 import importlib.resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from offload_lab.errors import OffloadLabError
 
-if TYPE_CHECKING:
-    from offload_lab.record.run import Run
-
-__all__ = ["KINDS", "ShippedDataError", "data_dir", "require_dir", "json_names", "searched", "shipped_runs"]
+__all__ = ["KINDS", "ShippedDataError", "data_dir", "require_dir", "json_names", "searched"]
 
 _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 #: kind of shipped data -> the files that make a directory of it
@@ -97,42 +93,3 @@ def searched(kind: str) -> str:
     paths = _candidates(kind)
     where = [f"{str(paths[0])!r} (installed)"] if len(paths) > 1 else []
     return " and ".join(where + [f"{str(_REPO_DATA / kind)!r} (source checkout)"])
-
-
-def shipped_runs(model: str | None = None) -> list[Run]:
-    """The measured GPU runs shipped with offload-lab, optionally only those of one model.
-
-    They are the ``*.zip`` runs in the folders of ``offload_lab/_data/runs`` (installed) or of
-    the checkout's ``data/runs``, in folder and file order, each loaded with
-    :meth:`offload_lab.Run.load`; a simulated run there is left out (simulated stand-ins ship
-    apart, in ``data/simulated``, and are never listed as measured). ``model`` is a catalog name (matched case-insensitively
-    against each run's ``meta["model"]``); a catalog model that has no shipped runs gives an
-    empty list. Raises :class:`ShippedDataError` naming the paths searched when there are no
-    shipped runs at all, and ``ValueError`` for a name that is neither a catalog model nor
-    the model of a shipped run.
-
-    >>> import offload_lab
-    >>> runs = offload_lab.shipped_runs("wan2.1-t2v-14b")
-    >>> [r.label for r in runs]
-    ['14B pinned p1', '14B pageable p1']
-    >>> {r.backend for r in runs}, any(r.simulated for r in runs)
-    ({'cuda'}, False)
-    """
-    from offload_lab.record.run import Run
-
-    if model is not None and not isinstance(model, str):
-        raise ValueError(f"model={model!r}; accepted: None or a catalog model name (a string)")
-    d = require_dir("runs", "shipped measured runs")
-    runs = [r for r in (Run.load(p) for p in sorted(d.glob(KINDS["runs"]))) if not r.simulated]
-    if model is None:
-        return runs
-    key = model.strip().lower()
-    out = [r for r in runs if str(r.meta.get("model", "")).lower() == key]
-    if not out:
-        from offload_lab.model import catalog
-
-        known = sorted({str(r.meta.get("model")) for r in runs})
-        if key not in catalog.names():
-            raise ValueError(f"model={model!r} is neither a catalog model ({catalog.names()}) nor "
-                             f"the model of a shipped run ({known})")
-    return out

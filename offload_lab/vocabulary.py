@@ -16,7 +16,7 @@ from __future__ import annotations
 __all__ = [
     "TIERS", "FORCED_TIERS", "UNKNOWN_TIER", "OBSERVED_TIERS", "CALIBRATION_TIERS", "BANDWIDTH_TIERS",
     "EVENT_KINDS", "STREAMS", "ISSUE_ORDERS", "BACKENDS", "INIT_STRATEGIES", "ORDERS", "RESIDENCIES",
-    "COMPUTE_MODES", "PROVENANCE_KINDS",
+    "COMPUTE_MODES", "PROVENANCE_KINDS", "ENGINES",
 ]
 
 #: where a layer's weights live between its uses, fastest first: on the device for good, in
@@ -55,3 +55,6 @@ RESIDENCIES = ("leading", "strided")
 COMPUTE_MODES = ("async", "sync")
 #: where a device profile's numbers come from
 PROVENANCE_KINDS = ("measured", "estimated")
+
+#: the offload engines whose settings offload-lab models as plans (:mod:`offload_lab.engines`)
+ENGINES = ("diffusers-group", "diffusers-model", "sglang-layerwise", "offload-lab")

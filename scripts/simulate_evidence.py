@@ -120,6 +120,7 @@ def _numbered(all_cases: list[Case]) -> list[tuple[Case, str]]:
 def generate(out: Path, log=print) -> dict[str, Any]:
     """Simulate every case into ``out``; returns (and writes) the manifest."""
     import offload_lab
+    from offload_lab.record.run import display_label
 
     out.mkdir(parents=True, exist_ok=True)
     prof = offload_lab.DeviceProfile.load(PROFILE)
@@ -129,7 +130,7 @@ def generate(out: Path, log=print) -> dict[str, Any]:
         run.save(out / name)
         tiers = run.layers.groupby("tier").size().to_dict()
         entries.append({
-            "file": name, "label": run.label, "stage": case.stage, "model": case.model,
+            "file": name, "label": display_label(run), "stage": case.stage, "model": case.model,
             "plan": case.plan, "host": case.host, "tokens": case.tokens, "passes": case.passes,
             "steps": STEPS, "warmup": WARMUP, "issue": run.meta.get("issue"),
             "tiers": {str(k): int(v) for k, v in tiers.items()},

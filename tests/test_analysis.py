@@ -13,7 +13,8 @@ import pytest
 import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.analysis import summary as analysis
-from offload_lab.analysis.summary import AnalysisError, bound, compare, metrics
+from offload_lab.analysis.comparison import compare
+from offload_lab.analysis.summary import AnalysisError, bound, metrics
 from offload_lab.record.run import Run
 
 HOST = offload_lab.HostMemory(available="256GiB")
@@ -62,7 +63,7 @@ def test_compare_one_row_per_run_with_ratio_to_first(measured, simulated):
     for r, ref, (_, row) in zip(runs, refs, df.iterrows()):
         assert row["step_s"] == pytest.approx(r.steps["wall_s"].median())
         assert row["ratio"] == pytest.approx(row["step_s"] / df["step_s"].iloc[ref])
-        assert row["ratio_to"] == runs[ref].label and row["ratio_note"] == ""
+        assert row["ratio_to"] == df["label"].iloc[ref] and row["ratio_note"] == ""
         assert row["stall_s"] == pytest.approx(r.steps["stall_s"].median())
 
 
@@ -169,7 +170,7 @@ def test_tier_summary_helpers():
 def test_analysis_does_not_import_plotly():
     code = ("import sys, offload_lab, offload_lab.analysis.summary, offload_lab.analysis.comparison, "
             "offload_lab.views.text, offload_lab.views.tables, offload_lab.views.figures, offload_lab.views.report; "
-            "from offload_lab.analysis.summary import compare; "
+            "from offload_lab.analysis.comparison import compare; "
             "assert 'plotly' not in sys.modules, 'plotly imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -136,7 +136,7 @@ def test_corrupt_files_give_one_line(tmp_path: Path) -> None:
     assert_one_line_error(cli("plan", latin), "latin1.json", "UTF-8")
     # --plan is read after the runs: a trace stands in for a saved run
     trace = Path(__file__).parent / "data" / "traces" / "gpu_two_steps.json"
-    assert_one_line_error(cli("report", trace, "--plan", latin, cwd=tmp_path), "latin1.json", "not JSON")
+    assert_one_line_error(cli("report", trace, "--plan", latin, cwd=tmp_path), "latin1.json", "UTF-8")
     assert_one_line_error(cli("report", trace, "--plan", bad_spec, cwd=tmp_path), "spec.json",
                           "offload-lab plan")
 

@@ -12,7 +12,7 @@ import offload_lab
 from offload_lab import catalog
 from offload_lab.analysis import summary
 from offload_lab.analysis.comparison import compare, why_not_comparable
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.views import tables
 from offload_lab.views.report import report
 
@@ -44,7 +44,7 @@ def test_ratios_only_within_model_tokens_and_backend():
     df = compare([a14, b14, small, tokens, measured])
     assert df["ratio"].iloc[0] == 1.0
     assert df["ratio"].iloc[1] == pytest.approx(b14.step_time / a14.step_time)
-    assert df["ratio_to"].iloc[1] == a14.label
+    assert df["ratio_to"].iloc[1] == display_label(a14) == df["label"].iloc[0]
     for i, why in ((2, "model wan2.1-t2v-14b vs wan2.1-t2v-1.3b"), (3, "tokens 1024 vs 4096"),
                    (4, "backend simulated vs measured on NVIDIA H200")):
         assert math.isnan(df["ratio"].iloc[i]), i
@@ -60,7 +60,7 @@ def test_each_group_has_its_own_reference():
     a, b = _sim("wan2.1-t2v-1.3b", "pinned"), _sim("wan2.1-t2v-1.3b", "pageable")
     c, d = _sim("wan2.1-t2v-14b", "pinned"), _sim("wan2.1-t2v-14b", "pageable")
     df = compare([a, c, b, d])
-    assert df["ratio_to"].tolist() == [a.label, c.label, a.label, c.label]
+    assert df["ratio_to"].tolist() == [display_label(r) for r in (a, c, a, c)]
     assert df["ratio"].tolist() == pytest.approx([1.0, 1.0, b.step_time / a.step_time, d.step_time / c.step_time])
     assert (df["ratio_note"] == "").all()
 

@@ -60,12 +60,12 @@ def test_the_cli_reports_an_offload_lab_error_in_one_line(capsys, tmp_path):
 
 def test_the_cli_keeps_the_traceback_of_a_foreign_value_error(monkeypatch):
     # a ValueError that is not the library's is a bug: it must not be reduced to a line
-    import offload_lab.cli.commands as commands
+    import offload_lab.cli.catalog_cmd as catalog_cmd
 
     def broken(args):
         raise ValueError("not ours")
 
-    monkeypatch.setattr(commands, "cmd_catalog", broken)
+    monkeypatch.setattr(catalog_cmd, "cmd_catalog", broken)
     with pytest.raises(ValueError, match="not ours"):
         main(["catalog"])
 
@@ -103,7 +103,7 @@ def test_checks_name_the_parameter_the_value_and_what_is_accepted():
 def test_the_runtime_and_the_explorer_refuse_a_bool_step_count_alike():
     # both read steps=True as a wrong type, not as one step
     from offload_lab import synthetic
-    from offload_lab.notebook.controls import ExplorerError
+    from offload_lab.notebook.state import ExplorerError
     from offload_lab.record.runtime.manager import OffloadError
 
     spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")

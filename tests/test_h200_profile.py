@@ -10,6 +10,7 @@ import pytest
 
 import offload_lab
 from offload_lab import HostMemory, catalog
+from offload_lab.record.run import display_label
 from offload_lab.simulation import DeviceProfile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def test_simulated_full_size_models_predict_measured_h200_runs(model, tier, labe
     plan = offload_lab.plan(spec, tier=tier, prefetch=1, host=HostMemory(available="256GiB"))
     sim = offload_lab.simulate(plan, "h200", steps=2, tokens=32760, issue="before-compute")
     measured = RUNS[label]
-    assert sim.simulated and "simulated" in sim.label
+    assert sim.simulated and "simulated" in display_label(sim)
     assert measured.backend == "cuda" and not measured.simulated
     assert sim.step_time == pytest.approx(measured.step_time, rel=tol)
 

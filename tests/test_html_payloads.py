@@ -51,7 +51,7 @@ def hostile_plan() -> Plan:
 def hostile_runs(hostile_plan):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [offload_lab.simulate(hostile_plan.spec, hostile_plan, "h200", steps=2, label=p) for p in PAYLOADS]
+        return [offload_lab.simulate(hostile_plan, "h200", steps=2, label=p) for p in PAYLOADS]
 
 
 LABELS = [f"rtx4090-pcie4 · 480p tokens · {t}" for t in ("pinned", "pageable", "8GiB pin budget")]

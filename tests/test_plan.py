@@ -12,18 +12,16 @@ from hypothesis import strategies as st
 from offload_lab import catalog
 from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.pipeline import Component, PipelinePlan, plan_pipeline
 from offload_lab.planning.planner import (
     ORDERS,
     STORE_ALIGNMENT,
     TIERS,
-    Component,
-    PipelinePlan,
     Plan,
     PlanError,
     PlanWarning,
     pinned_footprint,
     plan,
-    plan_pipeline,
     store_bytes,
 )
 from offload_lab.units import SizeError
@@ -787,14 +785,6 @@ def test_huge_pin_budget_or_host_is_one_line_size_error(size):
     assert isinstance(e.value, PlanError)
     with pytest.raises(SizeError, match="too large|not finite"):
         plan(SPEC, host=size)
-
-
-def test_moved_names_still_import_from_the_planner():
-    from offload_lab.planning import pipeline, planner
-
-    assert planner.Component is pipeline.Component
-    assert planner.plan_pipeline is pipeline.plan_pipeline
-    assert planner.PipelinePlan is pipeline.PipelinePlan
 
 
 # -- what a person sees --------------------------------------------------------------------------

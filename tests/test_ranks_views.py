@@ -11,6 +11,7 @@ import offload_lab
 from offload_lab.analysis.ranks import rank_table, split_ranks
 from offload_lab.record.gather import GatherError, gather, merge_ranks, run_from_bytes, run_to_bytes
 from offload_lab.record.kineto import TraceFormatError, TraceImportError
+from offload_lab.record.run import display_label
 from offload_lab.simulation.errors import SimError
 from offload_lab.simulation.node import NodeProfile, node_bandwidths
 
@@ -24,7 +25,7 @@ def wan():
 
 def _node_step(plan, k: int) -> float:
     run = offload_lab.simulate(plan, "h200", steps=2, ranks_per_node=k)
-    assert run.simulated and "simulated" in run.label
+    assert run.simulated and "simulated" in display_label(run)
     assert sorted(set(run.steps["rank"])) == list(range(k))
     return float(run.steps.groupby("rank")["wall_s"].median().max())
 
@@ -74,7 +75,8 @@ def test_compare_gives_rank_rows_and_the_max(wan):
     slow = offload_lab.simulate(plan.__class__.from_dict(plan.to_dict()), "h200", steps=2, passes=2)
     run = merge_ranks([one, slow], ranks=[0, 1])
     df = offload_lab.compare(run)
-    assert [lbl.rsplit(" · ", 1)[-1] for lbl in df["label"]] == ["rank 0", "rank 1", "max over ranks"]
+    assert [lbl.rsplit(" · ", 1)[-1] for lbl in df["label"]] == [
+        f"{x} (simulated)" for x in ("rank 0", "rank 1", "max over ranks")]
     assert df["step_s"].iloc[2] == pytest.approx(max(one.step_time, slow.step_time))
     assert len(offload_lab.compare(run, ranks="max")) == 1
     assert rank_table(run).set_index("rank")["straggler"].to_dict() == {0: False, 1: True}

@@ -18,7 +18,7 @@ import offload_lab as ol
 from offload_lab import simulation as sim
 from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
 from offload_lab.planning.planner import Plan
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.simulation import DeviceProfile, ProfileError, SimError, calibrate, simulate
 
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -122,32 +122,58 @@ def test_profile_missing_a_tier_the_plan_uses():
 
 
 def test_spec_plan_mismatch():
-    # only the older call names a spec beside the plan, so only it can disagree with the plan
+    # a plan whose layers disagree with the spec it carries (layers from another model's run)
     plan = plan_of(toy({"blocks": 4}))
-    with pytest.deprecated_call():
-        with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
-            simulate(toy({"blocks": 5}), plan, prof())
-        with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
-            simulate(toy({"blocks": 4}, nbytes=2 * MiB), plan, prof())
-        with pytest.raises(SimError, match="plan groups"):
-            simulate(toy({"other": 4}), plan, prof())
-        with pytest.raises(SimError, match="no layers frame"):
-            simulate(toy(), object(), prof())
-    with pytest.raises(SimError, match="carries no spec"):
+
+    def on(spec):
+        return ol.Plan.from_layers(spec, plan.layers, plan.prefetch)
+
+    with pytest.raises(SimError, match="group 'blocks' has 4 layers in the plan and 5 in the spec"):
+        simulate(on(toy({"blocks": 5})), prof())
+    with pytest.raises(SimError, match=rf"layer blocks\.0 has {MiB} bytes in the plan and {2 * MiB}"):
+        simulate(on(toy({"blocks": 4}, nbytes=2 * MiB)), prof())
+    with pytest.raises(SimError, match="plan groups"):
+        simulate(on(toy({"other": 4})), prof())
+    with pytest.raises(ol.PlanError, match="not a layers frame"):
+        ol.Plan.from_layers(toy(), plan.layers.drop(columns="tier"))
+    with pytest.raises(SimError, match="not an offload_lab.Plan"):
         simulate(object(), prof())
 
 
-def test_old_call_form_warns_and_gives_the_same_run():
-    spec = toy()
-    plan = plan_of(spec, tier="pinned", prefetch=1)
-    with pytest.warns(DeprecationWarning, match=r"call simulate\(plan, device, \.\.\.\)"):
-        old = simulate(spec, plan, prof(), steps=3)
-    new = simulate(plan, prof(), steps=3)
-    assert old.steps["wall_s"].tolist() == new.steps["wall_s"].tolist()
-    with pytest.raises(SimError, match="takes 2 positional arguments"):
+def test_simulate_takes_a_plan_and_a_device_only():
+    import inspect
+
+    params = inspect.signature(ol.simulate).parameters.values()
+    assert not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    plan = plan_of(toy(), tier="pinned", prefetch=1)
+    with pytest.raises(TypeError):
         simulate(plan, prof(), 3)
     with pytest.raises(SimError, match="needs a device"):
         simulate(plan)
+    with pytest.raises(SimError, match="not an offload_lab.Plan"):
+        simulate(toy(), prof())  # a spec alone is not a plan
+
+
+def test_a_run_saved_with_the_old_simulated_suffix_loads_as_a_new_one(tmp_path):
+    """Runs saved before "simulated" was stored once carry " (simulated)" in label and device
+    name; loading takes it off, so they show (display_label) and compare like new ones."""
+    import zipfile
+
+    new = simulate(plan_of(toy(), tier="pinned"), prof(), steps=2, label="pinned")
+    path = new.save(tmp_path / "new")
+    old = tmp_path / "old.zip"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(old, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "meta.json":
+                head = json.loads(data)
+                head["meta"].update(label="pinned (simulated)", device_name="test (simulated)")
+                data = json.dumps(head).encode()
+            dst.writestr(item, data)
+    back = Run.load(old)
+    assert (back.label, back.meta["device_name"]) == ("pinned", "test")
+    assert display_label(back) == display_label(new) == "pinned (simulated)"
+    assert back.equals(new)
 
 
 def test_device_by_shipped_name():
@@ -156,7 +182,7 @@ def test_device_by_shipped_name():
     by_name = simulate(plan, "h200", steps=2)
     by_profile = simulate(plan, DeviceProfile.load("h200"), steps=2)
     assert by_name.steps["wall_s"].tolist() == by_profile.steps["wall_s"].tolist()
-    assert by_name.meta["device_name"] == "h200 (simulated)"
+    assert by_name.meta["device_name"] == "h200"  # "simulated" is said once, in meta["simulated"]
 
 
 @pytest.mark.parametrize("kw, msg", [
@@ -328,7 +354,7 @@ def test_frames_follow_the_contract_and_the_run_is_labelled_simulated(tmp_path):
                                                                                         "blocks": 0.002}),
                    steps=4, warmup=1, label="my plan")
     assert run.simulated and run.backend == "sim" and run.meta["simulated"] is True
-    assert run.label == "my plan (simulated)"
+    assert run.label == "my plan" and display_label(run) == "my plan (simulated)"
     assert "simulated" in repr(run)
     assert run.meta["warmup_dropped"] == 1 and run.steps["step"].tolist() == [1, 2, 3]
     assert run.meta["profile"]["name"] == "test"
@@ -341,7 +367,7 @@ def test_frames_follow_the_contract_and_the_run_is_labelled_simulated(tmp_path):
     back = Run.load(run.save(tmp_path / "sim"))
     assert back.equals(run) and back.simulated
     auto = simulate(plan_of(spec, tier="pinned"), prof(compute_s={"refiner": 0.001, "blocks": 0.002}))
-    assert auto.label.endswith("(simulated)") and "6 pinned" in auto.label
+    assert display_label(auto).endswith("(simulated)") and "6 pinned" in auto.label
 
 
 # -- compute models ----------------------------------------------------------------------------------
@@ -547,7 +573,7 @@ def test_wan21_pinned_vs_pageable_ratio_is_reproduced_and_labelled_simulated():
     assert pageable.step_time == pytest.approx(1.90, rel=0.03)
     assert pageable.step_time / pinned.step_time == pytest.approx(1.84, rel=0.03)
     for run in (pinned, pageable):
-        assert run.simulated and run.backend == "sim" and "simulated" in run.label
+        assert run.simulated and run.backend == "sim" and "simulated" in display_label(run)
         assert run.meta["profile"]["provenance"]["kind"] == "estimated"
     table = ol.compare([pinned, pageable])
     assert table["simulated"].tolist() == [True, True]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import offload_lab as ol
+from offload_lab.record.run import display_label
 from offload_lab.shipped import KINDS, data_dir
 from offload_lab.simulation.heldout import held_out
 
@@ -44,7 +45,9 @@ def test_every_file_is_a_labelled_simulated_run_matching_its_manifest(manifest, 
     for e in manifest["runs"]:
         run = runs[e["file"]]
         assert run.simulated and run.meta["simulated"] is True and run.backend == "sim", e["file"]
-        assert run.label == e["label"] and run.label.endswith("(simulated)"), run.label
+        # "simulated" is stored once, in meta; old files' label suffix is taken off at load
+        assert "simulated" not in run.label and "simulated" not in run.meta["device_name"], run.label
+        assert display_label(run) == e["label"] and e["label"].endswith("(simulated)"), run.label
         assert run.meta["stands_in_for"] == e["stage"] and run.meta["tokens"] == e["tokens"]
         assert run.meta["model"] == e["model"] and run.meta["passes"] == e["passes"]
         assert run.meta["profile"]["name"] == manifest["profile"]

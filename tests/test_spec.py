@@ -13,7 +13,8 @@ from torch import nn
 import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.model.checkpoints import read_header
-from offload_lab.model.spec import ModelSpec, SpecError, spec_of
+from offload_lab.model.load import spec_of
+from offload_lab.model.spec import ModelSpec, SpecError
 from offload_lab.units import SizeError, format_bytes, parse_size
 
 
@@ -165,7 +166,7 @@ def test_lazy_package_api():
 
 
 def test_one_spec_of_for_synthetic_and_plain_modules():
-    from offload_lab.notebook.magic import spec_for_model
+    from offload_lab.notebook.models import spec_for_model
 
     model = synthetic.build(catalog.load("minimax-h3"), scale=0.02, layers=1)
     spec = offload_lab.spec_of(model)

@@ -10,7 +10,7 @@ import pytest
 
 import offload_lab
 from offload_lab import catalog
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.views import figures as viz
 from offload_lab.views.figures import TIER_COLORS, VizError
 
@@ -239,7 +239,7 @@ def test_formatters():
 def test_comparison_frame_reads_like_compare(measured, h3_sim):
     runs = measured + [h3_sim]
     raw, text = offload_lab.compare(runs), viz.comparison_frame(runs)
-    assert text["run"].tolist() == [r.label for r in runs]
+    assert text["run"].tolist() == [display_label(r) for r in runs]
     assert text["backend"].tolist() == ["cpu", "cpu", "sim (simulated)"]
     assert text["step"].tolist() == [viz.fmt_seconds(r.step_time) for r in runs]
     assert text["ratio"][0] == "×1.00"

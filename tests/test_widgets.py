@@ -14,7 +14,7 @@ import offload_lab
 from offload_lab import catalog, synthetic
 from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.planner import PlanWarning
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 
 W = pytest.importorskip("ipywidgets")
 from offload_lab.notebook.explorer import HYPOTHETICAL_HOSTS_GIB, ExplorerError, PlanExplorer  # noqa: E402
@@ -139,7 +139,7 @@ def test_simulate_button_makes_a_labelled_simulated_run_and_timeline(ex):
     assert ex.error is None
     run = ex.last_run
     assert isinstance(run, Run) and run.simulated and run.backend == "sim"
-    assert "(simulated)" in run.label and len(run.steps) == ex.steps.value
+    assert "(simulated)" in display_label(run) and len(run.steps) == ex.steps.value
     assert run.layers["tier"].tolist() == ex.plan.layers["tier"].tolist()
     assert "SIMULATED" in ex.figures["timeline"].layout.title.text
     assert not ex.add_button.disabled
@@ -275,7 +275,7 @@ def test_displays_as_a_widget(ex):
 
 def test_figures_for_export_carry_html():
     """The outputs' figures carry text/html too: plotly >= 6.1's mimetype alone is lost by nbconvert."""
-    from offload_lab.notebook.magic import figure_bundle
+    from offload_lab.notebook.display import figure_bundle
 
     ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)
     bundle = figure_bundle(ex.figures["tier_map"])

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from offload_lab.analysis.summary import as_runs, metrics
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 
 COMPARE_COLUMNS = ["label", "backend", "simulated", "tiers", "step_s", "ratio", "stall_s",
                    "exposed_copy_s", "overlap", "bound_s", "vs_bound", "ratio_to", "ratio_note",
@@ -154,7 +154,7 @@ def _ratios(runs: list[Run], step_s: list[float]) -> tuple[list[float], list[str
         base = step_s[j]
         if (partners or len(runs) == 1) and base and math.isfinite(base):
             ratio.append(step_s[i] / base)
-            ref.append(runs[j].label)
+            ref.append(display_label(runs[j]))
             note.append("")
         else:
             ratio.append(float("nan"))

@@ -48,7 +48,7 @@ def split_ranks(run: Run) -> dict[int, Run]:
     >>> plan = offload_lab.plan(offload_lab.catalog.load("wan2.1-t2v-1.3b"), host="64GiB")
     >>> parts = split_ranks(offload_lab.simulate(plan, "h200", steps=1, ranks_per_node=2))
     >>> sorted(parts), parts[1].label
-    ([0, 1], 'h200 · 2 ranks/node · 30 pinned · prefetch 1 (simulated) · rank 1')
+    ([0, 1], 'h200 · 2 ranks/node · 30 pinned · prefetch 1 · rank 1')
     """
     per = {int(m.get("rank", i)): m for i, m in enumerate(run.meta.get("ranks") or [])}
     out = {}

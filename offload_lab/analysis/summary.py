@@ -22,7 +22,7 @@ import pandas as pd
 
 from offload_lab.checks import check_number
 from offload_lab.errors import OffloadLabError
-from offload_lab.record.run import TIERS, Run
+from offload_lab.record.run import TIERS, Run, display_label
 
 BANDWIDTH_COLUMNS = ["tier", "copies", "bytes", "copy_s", "gbps", "best_gbps"]
 _COPY_TIERS = ("pinned", "staged", "pageable", "mapped", "resident", "unknown")
@@ -253,7 +253,7 @@ def metrics(run: Run, bandwidth: float | None = None) -> dict[str, Any]:
     bw = bandwidth_by_tier(run)
     b = _bound(run, bandwidth, bw)
     return {
-        "label": run.label,
+        "label": display_label(run),  # what tables show: a simulated run says so
         "backend": run.backend,
         "simulated": run.simulated,
         "steps": int(len(s)),
@@ -310,12 +310,3 @@ def is_noisy(run: Run, limit: float = NOISY_SPREAD) -> bool:
     run = _check_run(run)
     spread = step_spread(run)
     return bool(not run.simulated and math.isfinite(spread) and spread > limit)
-
-
-def __getattr__(name: str) -> Any:
-    # compare() moved to analysis.comparison; old imports from here keep working
-    if name in ("compare", "COMPARE_COLUMNS"):
-        from offload_lab.analysis import comparison
-
-        return getattr(comparison, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

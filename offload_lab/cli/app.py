@@ -15,10 +15,14 @@ only with ``--force``, never when it is one of the command's inputs, and a direc
 socket or device is never written to, ``--force`` or not. Inputs are read before outputs are
 looked at.
 
-This module holds the parser and :func:`main`; the subcommands live in
-:mod:`offload_lab.cli.commands` and :mod:`offload_lab.cli.demo` and are imported when they run,
-so ``offload-lab --help`` answers at once; torch, pandas and plotly are imported by the
-subcommands that need them.
+This module holds the parser and :func:`main`. Each subcommand is a module of its own
+(``plan_cmd``, ``profile_cmd``, ``simulate_cmd``, ``recommend``, ``report_cmd``, ``catalog_cmd``,
+``export``, ``calibrate``, ``demo``) that imports what it needs at its top; the parser names it
+by a ``"module:function"`` string and :func:`main` imports only the one that runs, so
+``offload-lab --help`` answers at once and ``catalog`` never loads torch. This module imports
+only light modules (:mod:`offload_lab.cli.common`, the plan options, the export registry):
+app → command modules → :mod:`~offload_lab.cli.inputs` / :mod:`~offload_lab.cli.results` →
+:mod:`~offload_lab.cli.common`, and nothing imports app.
 """
 
 from __future__ import annotations
@@ -28,10 +32,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from offload_lab import __version__
-from offload_lab.cli import calibrate, export
+from offload_lab.cli.common import DEFAULT_REPORT, PROG, SIM_HOST, CliError, one_line
 from offload_lab.cli.outputs import FORCE_HELP
 from offload_lab.errors import OffloadLabError
 from offload_lab.planning.options import (
@@ -47,39 +50,13 @@ from offload_lab.planning.options import (
     parse_count,
     parse_tokens,
 )
+from offload_lab.views import exporters
 from offload_lab.views.text import text_table
-
-if TYPE_CHECKING:
-
-    from offload_lab.record.run import Run
+from offload_lab.vocabulary import BACKENDS, ENGINES
 
 __all__ = ["main", "build_parser", "CliError", "text_table", "PROG"]
 
-PROG = "offload-lab"
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
-DEFAULT_REPORT = "offload-report.html"
-#: the simulated runs of ``demo``: the full-size model on these shipped device profiles
-DEMO_DEVICES = ("h200", "rtx4090-pcie4")
-#: ``simulate`` plans for a hypothetical host of this size unless ``--host`` says otherwise: the
-#: machine being simulated is not this one, so probing this machine's memory would mislead
-SIM_HOST = "256GiB"
-
-
-class CliError(OffloadLabError, ValueError):
-    """Command-line input the library could not check itself (a MODEL that is no model, ...)."""
-
-
-# -- small formatting helpers (the formatting itself lives in offload_lab.views.text) ------------
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _comparison_text(runs: Sequence[Run]) -> str:
-    """The comparison of ``runs`` as a plain-text table (the table the magic and widgets show)."""
-    from offload_lab.views.tables import comparison_frame
-
-    return text_table(comparison_frame(runs),
-                      right=("step", "ratio", "stall", "exposed copy", "overlap", "vs bound"))
 
 
 # -- the parser ---------------------------------------------------------------------------------
@@ -87,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``offload-lab: error: ...`` and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{PROG}: error: {_one_line(message)} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"{PROG}: error: {one_line(message)} (see '{self.prog} --help')\n")
         sys.exit(2)
 
 
@@ -133,6 +110,15 @@ def _output(parser: argparse.ArgumentParser, help: str, **kwargs: object) -> Non
 
 
 _EPILOGS = {
+    "engines": """\
+examples:
+  offload-lab engines wan2.1-t2v-14b --device rtx4090-pcie4 --host-available 64GiB --device-memory 24GiB
+  offload-lab engines wan2.1-t2v-1.3b --device h200 --host-available 64GiB --calls 2
+  offload-lab engines wan2.1-t2v-14b --device rtx4090-pcie4 --engine diffusers-group --engine sglang-layerwise
+
+Every step time is SIMULATED (offload-lab's simulator with the device profile); each engine's
+settings are modelled as an offload-lab plan (offload_lab.engines.as_plan), its assumptions in
+plan.params["engine"]["notes"]. "pinned" is what the engine's pins really lock on the host.""",
     "main": """\
 examples:
   offload-lab demo
@@ -203,12 +189,31 @@ examples:
   offload-lab catalog
   offload-lab catalog wan2.1-t2v-14b
   offload-lab catalog --devices""",
+    "export": """\
+examples:
+  offload-lab export pinned.zip --format chrome-trace              # writes pinned.trace.json
+  offload-lab export sim.zip --format chrome-trace --out sim.json.gz --force
+  offload-lab export sim.zip --format html                         # writes sim.html
+  offload-lab export their_trace.json.gz --format zip              # a trace as a saved run
+
+RUN is a run saved by offload-lab profile / simulate or Run.save, or a torch.profiler trace
+(.json, .json.gz). Open a chrome-trace at https://ui.perfetto.dev or chrome://tracing.""",
+    "calibrate": """\
+examples:
+  offload-lab calibrate --model wan2.1-t2v-14b --layers 4 --out my-gpu.json
+  offload-lab calibrate --model wan2.1-t2v-1.3b --layers 4 --tokens 480p,1024 --out my-gpu.json
+  offload-lab calibrate --model wan2.1-t2v-1.3b --layers 2 --scale 0.1 --tokens 16 --backend cpu --out cpu.json
+
+Use the profile anywhere a device is named: offload-lab simulate MODEL --device my-gpu.json,
+PlanExplorer(spec, profile=DeviceProfile.load("my-gpu.json")). On a GPU the default token
+counts are the model's 480p and 1,024 (two counts fit the launch floor of a block); on the cpu
+backend, the sized count only.""",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``offload-lab`` argument parser (subcommands demo, plan, profile, simulate, recommend, report,
-    catalog, export, calibrate).
+    catalog, export, calibrate, engines).
 
     >>> args = build_parser().parse_args(["simulate", "minimax-h3", "--device", "h200", "-b", "8GiB"])
     >>> args.command, args.pin_budget == 8 * 2**30, args.force
@@ -227,15 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recommend(sub, fmt)
     _add_report(sub, fmt)
     _add_catalog(sub, fmt)
-    export.add_parser(sub)
-    calibrate.add_parser(sub)
+    _add_export(sub, fmt)
+    _add_calibrate(sub, fmt)
+    _add_engines(sub, fmt)
     return parser
 
 
-_COMMANDS = "offload_lab.cli.commands"
 _MODEL_HELP = "catalog name, .safetensors file/dir/index, or spec JSON"
-_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", "recommend": "offload_lab.cli.recommend:cmd_recommend",
-          **{n: f"{_COMMANDS}:cmd_{n}" for n in ("plan", "profile", "simulate", "report", "catalog")}}
+#: each subcommand's function, imported by ``main`` only when it runs (the module imports torch,
+#: pandas or plotly as its command needs; the parser must not)
+_FUNCS = {"demo": "offload_lab.cli.demo:cmd_demo", "engines": "offload_lab.cli.engines:run", "recommend": "offload_lab.cli.recommend:cmd_recommend",
+          "export": "offload_lab.cli.export:run", "calibrate": "offload_lab.cli.calibrate:run",
+          **{n: f"offload_lab.cli.{n}_cmd:cmd_{n}" for n in ("plan", "profile", "simulate", "report", "catalog")}}
 
 
 def _command(sub: argparse._SubParsersAction, fmt: type, name: str, help: str,
@@ -326,7 +334,7 @@ def _add_simulate(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--ranks-per-node", type=_count("ranks-per-node", 1, 64), default=1, metavar="K",
                    help="K ranks of one node copying at once, each planned against 1/K of --host "
                         "(an estimate; default 1)")
-    p.add_argument("--label", help="run label (always ends with '(simulated)')")
+    p.add_argument("--label", help="run label (shown with '(simulated)' after it)")
     _output(p, "where to save the run (default: print only)", metavar="RUN.zip")
 
 
@@ -384,6 +392,98 @@ def _add_catalog(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.add_argument("--devices", action="store_true", help="list the device profiles")
 
 
+def _add_export(sub: argparse._SubParsersAction, fmt: type) -> None:
+    # the formats, their help and their suffixes are the registry's: one entry there is one here
+    formats = [exporters.get(n) for n in exporters.names()]
+    p = _command(sub, fmt, "export", "a saved run as a file other tools open (Perfetto, a browser, ...)",
+                 "Write a saved run in a format other tools open.")
+    p.add_argument("run", metavar="RUN", help="a saved run (RUN.zip) or a torch.profiler trace")
+    p.add_argument("--format", required=True, choices=[e.name for e in formats],
+                   help="; ".join(f"{e.name}: {e.description}" for e in formats))
+    p.add_argument("--out", metavar="PATH",
+                   help="output file (default: RUN with the format's suffix, "
+                        + ", ".join(f"{e.suffix} for {e.name}" for e in formats)
+                        + "; a chrome-trace named .gz is compressed)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
+def _positive(what: str, lo: int = 1) -> object:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < lo:
+            raise argparse.ArgumentTypeError(f"--{what} {text!r}; accepted: an integer >= {lo}")
+        return n
+    return parse
+
+
+def _calibrate_scale(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = float("nan")
+    if not 0 < s <= 1:
+        raise argparse.ArgumentTypeError(f"--scale {text!r}; accepted: a number in (0, 1]")
+    return s
+
+
+
+def _add_engines(sub: argparse._SubParsersAction, fmt: type) -> None:
+    """``engines``' options (its work is :func:`offload_lab.cli.engines.run`).
+
+    >>> a = build_parser().parse_args(["engines", "wan2.1-t2v-14b", "--device", "h200", "--calls", "2"])
+    >>> a.command, a.device, a.calls, a.host_available
+    ('engines', 'h200', 2, '256GiB')
+    """
+    p = _command(sub, fmt, "engines", "diffusers', SGLang's and offload-lab's offload settings simulated side by side",
+                 "Simulate other engines' offload settings (diffusers group / model offload, SGLang's\n"
+                 "layerwise offload) beside offload-lab's plans: one row per engine setting.")
+    p.add_argument("model", metavar="MODEL", help="catalog name, .safetensors file/dir/index, or spec JSON")
+    p.add_argument("--device", required=True, metavar="NAME|PATH",
+                   help="device profile: a shipped name (offload-lab catalog --devices) or a JSON file")
+    p.add_argument("--host-available", metavar="SIZE", default=SIM_HOST,
+                   help=f"host memory available, e.g. 64GiB (default {SIM_HOST}, not this machine)")
+    p.add_argument("--device-memory", metavar="SIZE", help="device memory, e.g. 24GiB (default: the profile's)")
+    p.add_argument("--tokens", type=argparse_type(parse_tokens, "tokens"), metavar="480p|N",
+                   help="video tokens or a resolution (default: the model's smallest, 480p)")
+    p.add_argument("--calls", type=argparse_type(lambda t: parse_count(t, "calls", 1, MAX_PASSES), "calls"),
+                   default=1, metavar="N", help="forwards per step, e.g. 2 for classifier-free guidance (default 1)")
+    p.add_argument("--engine", action="append", choices=list(ENGINES), metavar="NAME",
+                   help=f"only this engine (repeatable; default all: {', '.join(ENGINES)})")
+
+def _add_calibrate(sub: argparse._SubParsersAction, fmt: type) -> None:
+    """``calibrate``'s options (its work is :func:`offload_lab.cli.calibrate.run`).
+
+    >>> a = build_parser().parse_args(["calibrate", "--model", "wan2.1-t2v-14b", "--out", "g.json"])
+    >>> a.model, a.layers, a.tokens, a.force
+    ('wan2.1-t2v-14b', 4, None, False)
+    """
+    p = _command(sub, fmt, "calibrate", "a device profile of this machine from a short run of a few layers",
+                 "Profile a few layers of MODEL on this machine (all pinned and all pageable)\n"
+                 "and fit a device profile that predicts the full model.")
+    p.add_argument("--model", required=True, metavar="NAME", help="catalog model name (offload-lab catalog)")
+    p.add_argument("--layers", type=_positive("layers"), default=4, metavar="N",
+                   help="layers per group to run (default 4)")
+    p.add_argument("--scale", type=_calibrate_scale, metavar="S",
+                   help="width scale in (0, 1] (default: 1 on cuda, chosen to fit on cpu)")
+    p.add_argument("--tokens", metavar="LIST",
+                   help="comma-separated video token counts or resolutions (default: 480p,1024 on cuda)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="where to run (default: cuda when available)")
+    p.add_argument("-n", "--steps", type=_positive("steps"), default=3, metavar="N",
+                   help="measured steps per run (default 3)")
+    p.add_argument("--warmup", type=_positive("warmup", 0), default=1, metavar="N",
+                   help="warm-up steps dropped per run (default 1)")
+    p.add_argument("--threads", type=_positive("threads"), metavar="N",
+                   help="torch intra-op threads on the cpu backend (default: every core)")
+    p.add_argument("--name", help="profile name (default: from the device)")
+    p.add_argument("--save-runs", metavar="DIR", help="also save the measured short runs here")
+    p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
 # -- entry point --------------------------------------------------------------------------------
 def _os_message(e: OSError) -> str:
     if e.filename is not None:
@@ -408,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error("no command given; choose one of demo, plan, profile, simulate, recommend, report, catalog, "
-                     "export, calibrate")
+                     "export, calibrate, engines")
     try:
         module, _, name = args.func.partition(":")
         return int(getattr(importlib.import_module(module), name)(args) or 0)
@@ -420,12 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout must stay open until exit
         return 0
     except OSError as e:
-        sys.stderr.write(f"{PROG}: error: {_one_line(_os_message(e))}\n")
+        sys.stderr.write(f"{PROG}: error: {one_line(_os_message(e))}\n")
         return 2
     except OffloadLabError as e:
         # bad input the library refused on purpose; a ValueError from numpy, torch or our own
         # arithmetic is a bug and keeps its traceback
-        sys.stderr.write(f"{PROG}: error: {_one_line(str(e))}\n")
+        sys.stderr.write(f"{PROG}: error: {one_line(str(e))}\n")
         return 2
 
 

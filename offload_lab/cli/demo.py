@@ -18,23 +18,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from offload_lab.cli.app import SIM_HOST, CliError, _comparison_text
-from offload_lab.cli.commands import (
-    _CPU_NOTE,
-    _resolve_backend,
-    _say,
-    _set_threads,
-    _write_report,
-)
+import torch
+
+from offload_lab.cli.common import CPU_NOTE, SIM_HOST, CliError, resolve_backend, say, set_threads
 from offload_lab.cli.outputs import check_output, check_output_dir
 from offload_lab.cli.progress import Progress
+from offload_lab.cli.results import comparison_text, evidence_line, write_report
 from offload_lab.cli.sizing import Sizing, choose_size
+from offload_lab.model import catalog, synthetic
+from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.planner import Plan, PlanWarning, plan
+from offload_lab.record.run import Run, display_label
+from offload_lab.record.runtime import profile
+from offload_lab.record.shipped import shipped_runs
+from offload_lab.shipped import ShippedDataError
+from offload_lab.simulation import DeviceProfile
+from offload_lab.simulation.evidence import both_orders, issue_of
 from offload_lab.units import format_bytes
 
 if TYPE_CHECKING:
     from offload_lab.model.spec import ModelSpec
-    from offload_lab.planning.planner import Plan
-    from offload_lab.record.run import Run
 
 __all__ = ["cmd_demo", "DEMO_DEVICES"]
 
@@ -70,8 +73,6 @@ class _Setup:
 
 def _shipped_gpu_runs(model: str) -> list[Run]:
     """Measured GPU runs of ``model`` shipped with the package, 480p ones only ([] when none)."""
-    from offload_lab.shipped import ShippedDataError, shipped_runs
-
     try:
         runs = shipped_runs(model)
     except (ShippedDataError, ValueError):
@@ -81,19 +82,14 @@ def _shipped_gpu_runs(model: str) -> list[Run]:
 
 
 def _quiet_plan(spec: ModelSpec, **kwargs: Any) -> Plan:
-    from offload_lab.planning.planner import PlanWarning, plan
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
         return plan(spec, **kwargs)
 
 
 def _setup(args: argparse.Namespace) -> _Setup:
-    from offload_lab.model import catalog
-    from offload_lab.simulation import DeviceProfile
-
     spec = catalog.load(args.model)
-    backend = _resolve_backend(args.backend)
+    backend = resolve_backend(args.backend)
     why = ({"cuda": "a CUDA device is present", "cpu": "no CUDA device"}[backend]
            if args.backend == "auto" else "as asked")
     name = spec.meta.get("display_name", spec.name)
@@ -106,13 +102,8 @@ def _setup(args: argparse.Namespace) -> _Setup:
 
 def _measure(args: argparse.Namespace, s: _Setup, bar: Progress) -> tuple[list[Run], Plan]:
     """The four measured runs of the scaled model; returns them and the half-pinned plan."""
-    import torch
-
-    from offload_lab.model import synthetic
-    from offload_lab.record.runtime import profile
-
     bar.stage("sizing the model for this machine")
-    threads = _set_threads(s.backend, args.threads)
+    threads = set_threads(s.backend, args.threads)
     s.size = size = choose_size(s.spec, s.backend, quick=args.quick)
     if threads:
         size.why.insert(1, threads)
@@ -155,9 +146,6 @@ def _measure(args: argparse.Namespace, s: _Setup, bar: Progress) -> tuple[list[R
 def _simulate(s: _Setup, bar: Progress) -> list[Run]:
     """All-pinned and all-pageable runs of the full-size model on each demo device profile; the
     all-pageable plan under both issue orders (they differ for it; an all-pinned plan runs alike)."""
-    from offload_lab.planning.hostmem import HostMemory
-    from offload_lab.simulation.evidence import both_orders
-
     bar.stage(f"simulating the full-size {s.name}")
     host = HostMemory(available=SIM_HOST)
     out: list[Run] = []
@@ -171,40 +159,30 @@ def _simulate(s: _Setup, bar: Progress) -> list[Run]:
 
 
 def _print_results(s: _Setup, measured: list[Run], gpu_runs: list[Run], sim_runs: list[Run]) -> None:
-    _say()
-    _say(f"measured on {s.backend} — synthetic {s.name}, {s.size.describe()}, {s.steps} steps after "
-         f"{s.warmup} warm-up:")
-    _say(_comparison_text(measured))
+    say()
+    say(f"measured on {s.backend} — synthetic {s.name}, {s.size.describe()}, {s.steps} steps after "
+        f"{s.warmup} warm-up:")
+    say(comparison_text(measured))
     if gpu_runs:
-        _say()
-        from offload_lab.simulation.evidence import issue_of
-
+        say()
         orders = ", ".join(sorted({issue_of(r) for r in gpu_runs}))
-        _say(f"MEASURED on {gpu_runs[0].meta.get('device_name', 'a GPU')} (shipped runs under "
-             f"data/runs, scripts/gpu_check.py) — full-width synthetic {s.name}, issue order {orders}:")
-        _say(_comparison_text(gpu_runs))
+        say(f"MEASURED on {gpu_runs[0].meta.get('device_name', 'a GPU')} (shipped runs under "
+            f"data/runs, scripts/gpu_check.py) — full-width synthetic {s.name}, issue order {orders}:")
+        say(comparison_text(gpu_runs))
     for prof in s.profiles:
         group = [r for r in sim_runs if r.meta.get("profile", {}).get("name") == prof.name]
-        _say()
-        _say(f"SIMULATED on {prof.name} ({prof.provenance.get('kind', 'estimated')} profile) — "
-             f"full-size {s.name}, {format_bytes(s.spec.layer_bytes)} of layer weights, one forward "
-             f"per step:")
-        _say(_comparison_text(group))
+        say()
+        say(f"SIMULATED on {prof.name} ({prof.provenance.get('kind', 'estimated')} profile) — "
+            f"full-size {s.name}, {format_bytes(s.spec.layer_bytes)} of layer weights, one forward "
+            f"per step:")
+        say(comparison_text(group))
         for r in group:
-            _say(f"  {r.label}: {_evidence_line(r)}")
-    _say()
+            say(f"  {display_label(r)}: {evidence_line(r)}")
+    say()
     if s.backend == "cpu":
         gap = measured[1].step_time / measured[0].step_time  # all pageable / all pinned
         here = f" (here all pageable took {gap:.2f}× the all-pinned step)" if math.isfinite(gap) else ""
-        _say(_CPU_NOTE.format(here=here, where="'s runs above"))
-
-
-def _evidence_line(r: Run) -> str:
-    """What a simulated step rests on: a ± band with the runs behind it, or why there is none."""
-    from offload_lab.cli.commands import _evidence_head
-
-    ev = r.meta.get("evidence") or {}
-    return f"{_evidence_head(ev)} — {ev.get('basis', 'no evidence recorded')}"
+        say(CPU_NOTE.format(here=here, where="'s runs above"))
 
 
 def _save_runs(runs: list[Run], directory: Path) -> None:
@@ -232,7 +210,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # then every output, before minutes of work, not after
     out = check_output(args.out, args.force)
     save_dir = check_output_dir(args.save_runs, args.force) if args.save_runs is not None else None
-    _say(f"offload-lab demo: {s.name} ({s.spec.name}) on the {s.backend} backend ({s.why})")
+    say(f"offload-lab demo: {s.name} ({s.spec.name}) on the {s.backend} backend ({s.why})")
     # simulations: all pinned once, all pageable under both issue orders, per profile
     bar = Progress(1 + _N_JOBS * (s.steps + s.warmup) + 2 + 1 + 3 * len(s.profiles) + 2, started=t_start)
     measured, partial = _measure(args, s, bar)
@@ -244,8 +222,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     bar.stage("writing the report")
     failed: CliError | None = None
     try:
-        path = _write_report(all_runs, out, partial,
-                             f"offload-lab demo: {s.name}, {s.backend} runs and simulated full-size runs")
+        path = write_report(all_runs, out, partial,
+                           f"offload-lab demo: {s.name}, {s.backend} runs and simulated full-size runs")
     except CliError as e:
         # keep what was measured: print it and save the runs, then report the failure
         failed = e
@@ -253,13 +231,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     bar.close("report failed" if failed else "done")
     _print_results(s, measured, gpu_runs, sim_runs)
     if save_dir is not None:
-        _say(f"runs: {save_dir.resolve()}")
+        say(f"runs: {save_dir.resolve()}")
     if failed is not None:
         if save_dir is None:
             save_dir = out.with_suffix(".runs")
             _save_runs(all_runs, save_dir)
-            _say(f"runs: {save_dir.resolve()}")
-        _say(f"build the report where plotly is installed: offload-lab report {save_dir.resolve()}")
+            say(f"runs: {save_dir.resolve()}")
+        say(f"build the report where plotly is installed: offload-lab report {save_dir.resolve()}")
         raise failed
-    _say(f"report: {path.resolve()}")
+    say(f"report: {path.resolve()}")
     return 0

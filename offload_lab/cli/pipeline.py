@@ -12,21 +12,29 @@ run once per warm-up request and once measured, and the run saved.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from offload_lab.cli.app import CliError
+import torch
+
+from offload_lab.cli.common import CliError, resolve_backend, say, set_threads
 from offload_lab.cli.outputs import check_output, cleaned_up
 from offload_lab.cli.progress import Progress
+from offload_lab.cli.results import comparison_text
+from offload_lab.model.load import spec_of
+from offload_lab.model.pipeline import is_pipeline_dir, pipeline_spec_from_dir
+from offload_lab.model.pipeline_index import check_pipeline_index
+from offload_lab.planning.pipeline import plan_pipeline
+from offload_lab.planning.planner import PlanWarning
+from offload_lab.record.runtime import profile
+
+__all__ = ["PROMPT", "check_pipeline_dir", "request_kwargs", "profile_pipeline"]
 
 #: the prompt used when the pipeline has a text encoder (a fixed one: runs compare)
 PROMPT = "a red fox running through fresh snow"
-
-
-def _say(text: str = "") -> None:
-    print(text, flush=True)
 
 
 def check_pipeline_dir(path: str) -> Any:
@@ -35,10 +43,8 @@ def check_pipeline_dir(path: str) -> Any:
     >>> check_pipeline_dir("/nonexistent")
     Traceback (most recent call last):
     ...
-    offload_lab.cli.app.CliError: --pipeline '/nonexistent' is not a directory; expected a diffusers pipeline directory (model_index.json and one folder per component)
+    offload_lab.cli.common.CliError: --pipeline '/nonexistent' is not a directory; expected a diffusers pipeline directory (model_index.json and one folder per component)
     """
-    from offload_lab.model.pipeline import is_pipeline_dir, pipeline_spec_from_dir
-
     root = Path(path)
     what = "a diffusers pipeline directory (model_index.json and one folder per component)"
     if not root.is_dir():
@@ -54,13 +60,9 @@ def check_pipeline_dir(path: str) -> Any:
 
 
 def _load(root: Path, names: dict[str, Any]) -> Any:
-    import importlib.util
-
     if importlib.util.find_spec("diffusers") is None:
         raise CliError("--pipeline needs diffusers, transformers and accelerate: "
                        "pip install 'offload-lab[diffusers]'")
-    from offload_lab.model.pipeline_index import check_pipeline_index
-
     index = check_pipeline_index(root)
     # components the directory lists without weights are passed as None, as diffusers asks
     absent = {n: None for n in index.absent}
@@ -85,8 +87,6 @@ def _text_width(pipe: Any) -> int:
 def request_kwargs(pipe: Any, args: argparse.Namespace, seed: int = 0) -> dict[str, Any]:
     """One request's keyword arguments: the prompt, or seeded random prompt embeddings when the
     pipeline has no text encoder; size, steps and guidance from the options; tensors out."""
-    import torch
-
     kw: dict[str, Any] = dict(height=args.height, width=args.width, num_frames=args.frames,
                               num_inference_steps=args.steps or 4, guidance_scale=args.guidance,
                               output_type="pt", generator=torch.Generator().manual_seed(seed))
@@ -102,31 +102,23 @@ def request_kwargs(pipe: Any, args: argparse.Namespace, seed: int = 0) -> dict[s
 
 def profile_pipeline(args: argparse.Namespace) -> int:
     """The ``--pipeline`` path of ``offload-lab profile``."""
-    from offload_lab.cli.app import _comparison_text
-    from offload_lab.cli.commands import _resolve_backend, _set_threads
-    from offload_lab.planning.pipeline import plan_pipeline
-    from offload_lab.planning.planner import PlanWarning
-    from offload_lab.record.runtime import profile
-
     if args.model is not None:
         raise CliError(f"give MODEL {args.model!r} or --pipeline DIR, not both")
     check_pipeline_dir(args.pipeline)  # the input first, then the output
     out = check_output(args.out, args.force, inputs=[args.pipeline], suffix=".zip")
-    backend = _resolve_backend(args.backend)
-    _set_threads(backend, args.threads)
+    backend = resolve_backend(args.backend)
+    set_threads(backend, args.threads)
     t0 = time.perf_counter()
     pipe = _load(Path(args.pipeline), {})
     steps = args.steps or 4
     passes = 2 if args.guidance > 1 else 1
-    from offload_lab.model.spec import spec_of
-
     ps = spec_of(pipe).with_uses(steps=steps, passes=passes)
-    _say(f"loaded {ps!r} in {time.perf_counter() - t0:.1f} s")
+    say(f"loaded {ps!r} in {time.perf_counter() - t0:.1f} s")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
         pp = plan_pipeline(ps, host=args.host, pin_budget=args.pin_budget, tier=args.tier,
                            prefetch=args.prefetch)
-    _say(repr(pp))
+    say(repr(pp))
     warm = args.warmup if args.warmup is not None else 1
     bar = Progress(1 + warm)
     bar.stage(f"profiling on {backend}")
@@ -136,8 +128,8 @@ def profile_pipeline(args: argparse.Namespace) -> int:
     bar.close()
     with cleaned_up(out):
         path = run.save(out)
-    _say(f"{len(run.steps)} steps ({run.meta['steps_from']}), calls per step "
-         f"{sorted(set(int(c) for c in run.steps['calls']))}")
-    _say(_comparison_text([run]))
-    _say(f"saved {path.resolve()}")
+    say(f"{len(run.steps)} steps ({run.meta['steps_from']}), calls per step "
+        f"{sorted(set(int(c) for c in run.steps['calls']))}")
+    say(comparison_text([run]))
+    say(f"saved {path.resolve()}")
     return 0

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from offload_lab.cli.app import _one_line
-from offload_lab.cli.commands import _device_profile, _say, _write_report, resolve_spec
+from offload_lab.cli.common import one_line, say
+from offload_lab.cli.inputs import device_profile, resolve_spec
 from offload_lab.cli.outputs import check_output
+from offload_lab.cli.results import write_report
+from offload_lab.simulation.engine import simulate
+from offload_lab.simulation.recommend import recommend
 
 __all__ = ["cmd_recommend"]
 
@@ -26,10 +29,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     best: ...
     0
     """
-    from offload_lab.simulation.recommend import recommend
-
     spec, _ = resolve_spec(args.model)
-    profile = _device_profile(args.device)
+    profile = device_profile(args.device)
     # recommend() checks the sizes, tokens and calls; the search itself takes about a second
     rec = recommend(spec, profile, host=args.host_available, device_memory=args.device_memory,
                     tokens=args.tokens, calls_per_step=args.calls, pin_budget=args.pin_budget,
@@ -37,16 +38,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     out = None
     if args.out is not None:  # looked at once every input has been read, before anything is printed
         out = check_output(args.out, args.force, inputs=[args.model, args.device], suffix=".html")
-    _say(rec.summary())
-    _say(f"(step times SIMULATED on the {profile.provenance.get('kind', 'estimated')} profile "
-         f"{profile.name!r}; device peaks are estimates; searched in {rec.search_s:.2f} s)")
+    say(rec.summary())
+    say(f"(step times SIMULATED on the {profile.provenance.get('kind', 'estimated')} profile "
+        f"{profile.name!r}; device peaks are estimates; searched in {rec.search_s:.2f} s)")
     if out is not None and rec.best is not None:
-        from offload_lab.simulation.engine import simulate
-
         run = simulate(rec.best, profile, steps=2, tokens=args.tokens, passes=args.calls,
                        label=f"recommended on {profile.name}")
-        path = _write_report([run], out, rec.best, args.title, recommendation=rec)
-        _say(f"wrote {path.resolve()}")
+        path = write_report([run], out, rec.best, args.title, recommendation=rec)
+        say(f"wrote {path.resolve()}")
     elif out is not None:
-        _say(f"no report written: {_one_line(rec.explanation)}")
+        say(f"no report written: {one_line(rec.explanation)}")
     return 0 if rec.best is not None else 1

@@ -7,7 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from offload_lab.model import flops, synthetic
+from offload_lab.planning.hostmem import HostMemory
 from offload_lab.units import format_bytes
+from offload_lab.views.text import fmt_seconds
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,8 +49,6 @@ def _layer_counts(spec: ModelSpec, n: int | None) -> dict[str, int]:
 
 
 def _scaled_spec(spec: ModelSpec, scale: float, layers: dict[str, int]) -> ModelSpec:
-    from offload_lab.model import synthetic
-
     # the meta device allocates nothing: shapes only, so trying many sizes is free
     return synthetic.spec_of(synthetic.build(spec, scale=scale, layers=layers, device="meta"))
 
@@ -80,10 +81,6 @@ def choose_size(spec: ModelSpec, backend: str, quick: bool = False, scale: float
     >>> choose_size(catalog.load("wan2.1-t2v-1.3b"), "cpu", scale=0.1, layers=2).describe()
     'scale 0.1 × 2 blocks, 256 video tokens, 64 text tokens'
     """
-    from offload_lab.model import flops, synthetic
-    from offload_lab.planning.hostmem import HostMemory
-    from offload_lab.views.text import fmt_seconds
-
     biggest = max(layer.bytes for layer in spec.iter_layers())
     host = HostMemory.probe()
     why: list[str] = []

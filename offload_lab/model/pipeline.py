@@ -26,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from offload_lab.checks import check_int
+from offload_lab.filemaps import file_backed_checker
+from offload_lab.model.checkpoints import read_checkpoint
+from offload_lab.model.pipeline_index import check_pipeline_index
 from offload_lab.model.spec import (
     ModelSpec,
     SpecError,
     TensorSpec,
-    _candidate_groups,
+    candidate_groups,
     parameter_specs,
     spec_from_named,
 )
+from offload_lab.units import format_bytes
 
 #: components that run once per denoising pass; the rest run once per request
 DENOISERS = ("transformer", "transformer_2", "unet", "prior")
@@ -64,11 +68,6 @@ class ComponentSpec:
     def total_bytes(self) -> int:
         """Parameters (the spec) plus buffers, in bytes."""
         return self.spec.total_bytes + self.buffer_bytes
-
-    @property
-    def local_groups(self) -> list[str]:
-        """Group names inside the component (without the prefix); empty for a unit."""
-        return [] if self.unit else [g.removeprefix(self.name + ".") for g in self.spec.group_names]
 
 
 @dataclass
@@ -139,8 +138,6 @@ class PipelineSpec:
         """One row per component: groups, layers, bytes, uses per request."""
         import pandas as pd
 
-        from offload_lab.units import format_bytes
-
         rows = [{"component": n, "class": c.class_name, "groups": ", ".join(c.spec.group_names),
                  "layers": sum(g.num_layers for g in c.spec.groups), "unit": c.unit,
                  "bytes": format_bytes(c.total_bytes), "uses": self.uses(n)}
@@ -148,8 +145,6 @@ class PipelineSpec:
         return pd.DataFrame(rows)
 
     def __repr__(self) -> str:
-        from offload_lab.units import format_bytes
-
         parts = ", ".join(f"{n} ×{self.uses(n)}" for n in self.components)
         return f"<PipelineSpec {self.name!r}: {parts}; {format_bytes(self.total_bytes)}>"
 
@@ -159,7 +154,7 @@ def component_from_tensors(name: str, tensors: list[TensorSpec], groups: list[st
                            buffer_bytes: int = 0, class_name: str | None = None) -> ComponentSpec:
     """A component spec from its (unprefixed) tensors: groups by name, else one unit."""
     if groups is None:
-        groups = sorted(_candidate_groups(tensors), key=lambda g: _first(tensors, g))
+        groups = sorted(candidate_groups(tensors), key=lambda g: _first(tensors, g))
     if groups:
         pref = [TensorSpec(f"{name}.{t.name}", t.shape, t.dtype, t.mapped) for t in tensors]
         spec = spec_from_named(pref, name, [f"{name}.{g}" for g in groups])
@@ -196,8 +191,6 @@ def pipeline_spec_of(pipe: Any, steps: int = DEFAULT_STEPS, passes: int = DEFAUL
     """
     from torch import nn
 
-    from offload_lab.planning.hostmem import file_backed_checker
-
     mods = torch_components(pipe)
     if not mods:
         raise SpecError(f"{type(pipe).__name__} has no torch component (every component is None)")
@@ -208,7 +201,7 @@ def pipeline_spec_of(pipe: Any, steps: int = DEFAULT_STEPS, passes: int = DEFAUL
         bufs = {id(b): b for b in mod.buffers() if id(b) not in seen}
         nbytes = sum(b.numel() * b.element_size() for b in bufs.values())
         subs = dict(mod.named_modules())
-        groups = [g for g in sorted(_candidate_groups(tensors), key=lambda g: _first(tensors, g))
+        groups = [g for g in sorted(candidate_groups(tensors), key=lambda g: _first(tensors, g))
                   if isinstance(subs.get(g), nn.ModuleList)]
         out[name] = component_from_tensors(name, tensors, groups, nbytes, type(mod).__name__)
     return PipelineSpec(type(pipe).__name__, out, steps, passes)
@@ -235,9 +228,6 @@ def pipeline_spec_from_dir(path: str | os.PathLike, steps: int = DEFAULT_STEPS,
     (:func:`~offload_lab.model.pipeline_index.check_pipeline_index`: supported libraries and
     exported classes only, no custom code, nothing resolving outside the directory).
     """
-    from offload_lab.model.checkpoints import read_checkpoint
-    from offload_lab.model.pipeline_index import check_pipeline_index
-
     root = Path(path)
     index = check_pipeline_index(root)
     out: dict[str, ComponentSpec] = {}

@@ -1,25 +1,28 @@
 """Model specs: which tensors a model has, how they fall into layer groups, and their bytes.
 
-A :class:`ModelSpec` is built from a live module (:func:`spec_of`), from safetensors headers
-(:meth:`ModelSpec.from_safetensors`, never reading tensor data) or from the shipped catalog.
-It knows nothing of plans, devices or timings.
+A :class:`ModelSpec` is built from a live module (:func:`~offload_lab.model.load.spec_of`),
+from safetensors headers (:meth:`ModelSpec.from_safetensors`, never reading tensor data) or from
+the shipped catalog. It knows nothing of plans, devices or timings, and it is the bottom of
+``model``: the readers of checkpoints and pipelines build on it (:mod:`offload_lab.model.load`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from offload_lab.checks import is_int
 from offload_lab.errors import OffloadLabError
+from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
+from offload_lab.units import format_bytes
 from offload_lab.writing import atomic_write
 
 # bytes per element, by the dtype names torch prints without the "torch." prefix
@@ -226,8 +229,6 @@ class ModelSpec:
         return out + list(self.non_layer)
 
     def __repr__(self) -> str:
-        from offload_lab.units import format_bytes
-
         groups = ", ".join(f"{g.name}×{g.num_layers}" for g in self.groups)
         return f"ModelSpec({self.name!r}, groups=[{groups}], total={format_bytes(self.total_bytes)})"
 
@@ -305,8 +306,6 @@ class ModelSpec:
         ...
         offload_lab.model.spec.SpecError: model spec is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
         """
-        from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
-
         text, where = str(path_or_text), "model spec"
         try:
             if not text.lstrip().startswith("{"):
@@ -335,13 +334,10 @@ class ModelSpec:
         ...
         offload_lab.model.spec.SpecError: no such safetensors file or directory: '/nonexistent/model.safetensors'
         """
-        from offload_lab.model.checkpoints import read_checkpoint, spec_from_headers
-        from offload_lab.model.pipeline import is_pipeline_dir, pipeline_spec_from_dir
-
-        p = Path(path)
-        if is_pipeline_dir(p):  # a diffusers-format pipeline: one spec per component
-            return pipeline_spec_from_dir(p)  # type: ignore[return-value]
-        return spec_from_headers(read_checkpoint(p), name or p.name.split(".")[0], groups)
+        # the readers build specs, so they sit above this module: the classmethod, kept as the
+        # documented entry point, reaches them by name when called rather than at import
+        load = importlib.import_module("offload_lab.model.load")
+        return load.spec_from_safetensors(path, groups, name)
 
 
 # -- grouping by names ------------------------------------------------------------------------
@@ -377,13 +373,13 @@ def spec_from_named(
                 non_layer.append(t)
         missing = [g for g in groups if g not in by_group]
         if missing:
-            found = sorted(_candidate_groups(tensors))
+            found = sorted(candidate_groups(tensors))
             raise SpecError(
                 f"group(s) {missing} match no tensor of {name!r}; groups found by name: {found}"
             )
         order = groups
     else:
-        cands = _candidate_groups(tensors)
+        cands = candidate_groups(tensors)
         for t in tensors:
             m = _LAYER_RE.match(t.name)
             if m and m.group("group") in cands:
@@ -411,7 +407,12 @@ def spec_from_named(
     return ModelSpec(name, out_groups, non_layer, dict(meta or {}))
 
 
-def _candidate_groups(tensors: list[TensorSpec]) -> set[str]:
+def candidate_groups(tensors: list[TensorSpec]) -> set[str]:
+    """The outermost prefixes ``<group>.<i>.`` numbered 0..n-1 (n ≥ 2) among the tensor names.
+
+    >>> sorted(candidate_groups([TensorSpec(f"blocks.{i}.w", (1,), "float32") for i in range(2)]))
+    ['blocks']
+    """
     idx: dict[str, set[int]] = defaultdict(set)
     for t in tensors:
         m = _LAYER_RE.match(t.name)
@@ -458,38 +459,6 @@ def find_layer_groups(module: Any) -> list[str]:
     return found
 
 
-def _groups_of(module, groups: list[str] | str | None, mname: str) -> list[str]:
-    """The layer groups to use: named, else declared by the module, else detected."""
-    from torch import nn
-
-    submods = dict(module.named_modules())
-    if groups is None:
-        declared = getattr(module, "offload_layer_groups", None)
-        if declared is not None:
-            # a module that declares its groups may have some empty (an H3 without a refiner)
-            groups = [g for g in declared if isinstance(submods.get(g), nn.ModuleList) and len(submods[g])]
-        else:
-            groups = find_layer_groups(module)
-        if not groups:
-            raise SpecError(
-                f"{mname!r} has no layer group: no nn.ModuleList of ≥ 2 blocks of one class; "
-                f"pass groups=[...] naming its block lists"
-            )
-        return groups
-    groups = [groups] if isinstance(groups, str) else list(groups)
-    for g in groups:
-        if g not in submods:
-            raise SpecError(
-                f"group {g!r} is not a submodule of {mname!r}; detected groups: "
-                f"{find_layer_groups(module)}"
-            )
-        if not isinstance(submods[g], nn.ModuleList):
-            raise SpecError(f"group {g!r} of {mname!r} is a {type(submods[g]).__name__}, not an nn.ModuleList")
-        if not len(submods[g]):
-            raise SpecError(f"group {g!r} of {mname!r} is an empty nn.ModuleList; name groups with blocks")
-    return groups
-
-
 def parameter_specs(module: Any, is_mapped: Any) -> tuple[list[TensorSpec], set[int]]:
     """A :class:`TensorSpec` per parameter of ``module`` (a shared one once; ``is_mapped`` says
     whether its storage lies in a file mapping), and the ids of the parameters seen."""
@@ -502,48 +471,3 @@ def parameter_specs(module: Any, is_mapped: Any) -> tuple[list[TensorSpec], set[
         mapped = False if p.device.type == "meta" else is_mapped(p)
         tensors.append(TensorSpec(pname, tuple(p.shape), dtype_name(p.dtype), mapped))
     return tensors, seen
-
-
-def spec_of(module, groups: list[str] | None = None, name: str | None = None) -> ModelSpec:
-    """Spec of a live ``nn.Module``: its layer groups, per-layer bytes and non-layer bytes.
-
-    A diffusers pipeline (or the path of a diffusers-format pipeline directory) gives a
-    :class:`~offload_lab.model.pipeline.PipelineSpec`: one spec per torch component, each with
-    its uses per request (see :mod:`offload_lab.model.pipeline`).
-
-    Groups are the ones named, else those the module declares in ``offload_layer_groups``
-    (dotted names in order; empty ones skipped), else auto-detected (every outermost
-    ``nn.ModuleList`` of ≥ 2 same-class blocks). A module carrying ``offload_spec_meta`` (the
-    synthetic models, and models loaded from their checkpoints) keeps it as the spec's
-    ``meta``, and its ``spec_name`` names the spec unless ``name`` is given; otherwise the
-    spec is named after the module's class. Shared tensors are counted once (at their first
-    owner); tensors whose storage lies in a file mapping are marked ``mapped``.
-
-    >>> import offload_lab
-    >>> from offload_lab import synthetic
-    >>> model = synthetic.build(offload_lab.catalog.load("minimax-h3"), scale=0.02, layers=1)
-    >>> spec = offload_lab.spec_of(model)
-    >>> spec.name, spec.group_names, spec.meta["scale"]
-    ('minimax-h3', ['token_refiner.blocks', 'blocks'], 0.02)
-    """
-    import copy
-
-    from torch import nn
-
-    from offload_lab.model import pipeline as _pl
-    from offload_lab.planning.hostmem import file_backed_checker
-
-    if _pl.is_pipeline(module):
-        return _pl.pipeline_spec_of(module)  # type: ignore[return-value]
-    if isinstance(module, (str, os.PathLike)) and _pl.is_pipeline_dir(module):
-        return _pl.pipeline_spec_from_dir(module)  # type: ignore[return-value]
-    if not isinstance(module, nn.Module):
-        raise SpecError(f"spec_of expects a torch.nn.Module, a diffusers pipeline or a pipeline "
-                        f"directory, got {type(module).__name__}")
-    meta = getattr(module, "offload_spec_meta", None)
-    meta = copy.deepcopy(meta) if isinstance(meta, dict) else {}
-    mname = name or meta.get("spec_name") or type(module).__name__
-    groups = _groups_of(module, groups, mname)
-    tensors, _ = parameter_specs(module, file_backed_checker())
-    classes = {g: type(module.get_submodule(g)[0]).__name__ for g in groups}
-    return spec_from_named(tensors, mname, groups, meta=meta, block_classes=classes)

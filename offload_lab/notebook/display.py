@@ -1,22 +1,81 @@
-"""What :class:`~offload_lab.notebook.explorer.PlanExplorer` shows: the status line, the ledger
-and reasons, the comparison table and the figures in its Output widgets. Every string from a
-plan, a spec or a run is escaped before it reaches HTML.
+"""What the notebook layer puts on screen: figures as display bundles, and the HTML of the
+explorer's panes (status line, ledger and reasons, comparison table).
+
+Every string from a plan, a spec or a run is escaped before it reaches HTML. This module imports
+neither ipywidgets nor plotly at import time: ``%offload_profile`` and
+:class:`~offload_lab.notebook.state.ExplorerState` use it without widgets.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
-from typing import Any
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-import ipywidgets as W
-
-from offload_lab.notebook.magic import figure_bundle
-from offload_lab.planning.planner import pinned_footprint
 from offload_lab.units import format_bytes
-from offload_lab.views import figures as viz
 
-__all__ = ["DisplayMixin"]
+if TYPE_CHECKING:
+    from offload_lab.planning.planner import Plan
+    from offload_lab.record.run import Run
+
+__all__ = ["figure_html", "figure_bundle", "render", "ledger_html", "reasons_html", "comparison_html",
+           "status_html"]
+
+_PLOTLYJS_SENT = False  # plotly.js is inlined once per kernel process, see figure_html()
+
+
+# -- figures in notebook outputs ------------------------------------------------------------------
+def _plotlyjs_loaded() -> bool:
+    """Whether this process already put plotly.js into the notebook page."""
+    if _PLOTLYJS_SENT:
+        return True
+    try:
+        import plotly.io as pio
+    except ImportError:
+        return False
+    # plotly's "notebook" renderer inlines plotly.js once, when it becomes the default renderer
+    return "notebook" in str(pio.renderers.default).split("+")
+
+
+def figure_html(fig: Any, div_id: str | None = None, plotlyjs: bool | None = None) -> str:
+    """A figure as an HTML fragment that survives ``jupyter nbconvert --to html``.
+
+    plotly ≥ 6.1 renders figures in a kernel as ``application/vnd.plotly.v1+json`` only, which
+    nbconvert's HTML drops; this fragment carries the figure as a ``<div>`` plus script.
+    ``plotlyjs``: inline plotly.js (≈ 4.8 MB) in the fragment; ``None`` (default) inlines it in
+    the first fragment of a process only — unless plotly's ``notebook`` renderer already put it
+    in the page — so an exported notebook works offline without carrying it twice.
+
+    >>> import plotly.graph_objects as go
+    >>> "plotly-graph-div" in figure_html(go.Figure(), plotlyjs=False)
+    True
+    """
+    global _PLOTLYJS_SENT
+    include = (not _plotlyjs_loaded()) if plotlyjs is None else bool(plotlyjs)
+    out = fig.to_html(include_plotlyjs=include, full_html=False, validate=False, div_id=div_id,
+                      default_width="100%", default_height=f"{fig.layout.height or 420}px",
+                      config={"displaylogo": False, "responsive": True})
+    _PLOTLYJS_SENT = _PLOTLYJS_SENT or include
+    return out
+
+
+def figure_bundle(fig: Any, plotlyjs: bool | None = None) -> dict[str, Any]:
+    """A display bundle with the plotly mimetype (live JupyterLab) and ``text/html`` (export).
+
+    ``plotlyjs`` is passed to :func:`figure_html`.
+
+    >>> import plotly.graph_objects as go
+    >>> sorted(figure_bundle(go.Figure(), plotlyjs=False))
+    ['application/vnd.plotly.v1+json', 'text/html', 'text/plain']
+    """
+    import plotly.io as pio
+
+    bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_plotly_json()))
+    bundle["text/html"] = figure_html(fig, plotlyjs=plotlyjs)
+    title = getattr(getattr(fig.layout, "title", None), "text", None) or "figure"
+    bundle["text/plain"] = f"<plotly figure: {re.sub(r'<[^>]+>', ' ', str(title)).strip()}>"
+    return bundle
 
 
 def _in_kernel() -> bool:
@@ -33,97 +92,99 @@ def _in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def render(out: Any, *figs: Any) -> None:
+    """Put figures in an Output widget (anything with ``outputs``) by setting its outputs.
+
+    Setting ``outputs`` (rather than capturing ``display`` with ``with out:``) needs no
+    round trip through the frontend: headless executors such as nbclient emulate that
+    capture and can stall a notebook on it. plotly.js is not inlined here: the widget area
+    relies on the page's copy (plotly's notebook renderer or an earlier figure loads it).
+    Outside a kernel nothing is drawn (no frontend would show it).
+    """
+    if not figs:
+        out.outputs = ()
+        return
+    if not _in_kernel():
+        return
+    out.outputs = tuple({"output_type": "display_data", "metadata": {},
+                         "data": figure_bundle(f, plotlyjs=False)} for f in figs)
+
+
+# -- the explorer's panes -------------------------------------------------------------------------
 def _kv_html(rows: Sequence[tuple[str, str]]) -> str:
     cells = "".join(f"<tr><th style='text-align:left;padding-right:12px;color:#667085'>"
                     f"{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"
 
 
+def status_html(lines: Sequence[tuple[str, str | None, bool]]) -> str:
+    """The status line from ``(kind, text, is_html)`` parts; ``kind`` is ``plan``, ``message``,
+    ``error`` or a label shown in bold before the text; plain texts are escaped.
 
-class DisplayMixin:
-    """The display half of PlanExplorer: it reads ``plan``, ``runs``, ``message`` and ``error``
-    and writes the HTML and Output widgets built by the controls."""
+    >>> status_html([("plan", "30 pinned", False), ("error", "<b>", False)])
+    "<b>plan</b>: 30 pinned<br><span style='color:#b42318'><b>error</b>: &lt;b&gt;</span>"
+    """
+    parts = []
+    for kind, text, raw in lines:
+        if not text:
+            continue
+        body = text if raw else html.escape(text)
+        if kind == "message":
+            parts.append(body)
+        elif kind == "error":
+            parts.append(f"<span style='color:#b42318'><b>error</b>: {body}</span>")
+        else:
+            parts.append(f"<b>{html.escape(kind)}</b>: {body}")
+    return "<br>".join(parts)
 
-    def _guard(self, action: Callable[[], Any]) -> Any:
-        """Run a button's action; show a failure in the status line instead of losing it
-        (an exception in a widget callback would only reach the browser's console)."""
-        self.error = self.plan_error  # a new action starts clean, but a broken plan stays said
-        try:
-            return action()
-        except Exception as e:  # noqa: BLE001 - every failure must reach the user's eyes
-            self.error = f"{type(e).__name__}: {e}"
-            self._show_status()
-            return None
 
-    def _render(self, out: W.Output, *figs: Any) -> None:
-        """Put figures in an Output widget by setting its outputs.
+def ledger_html(p: Plan) -> str:
+    """The plan's budget ledger (host and device) and its warnings, as a key/value table."""
+    from offload_lab.planning.planner import pinned_footprint
 
-        Setting ``outputs`` (rather than capturing ``display`` with ``with out:``) needs no
-        round trip through the frontend: headless executors such as nbclient emulate that
-        capture and can stall a notebook on it. plotly.js is not inlined here: the widget area
-        relies on the page's copy (plotly's notebook renderer or an earlier figure loads it).
-        """
-        if not _in_kernel():
-            return  # no frontend to show it; the figures stay in .figures for code and tests
-        out.outputs = tuple({"output_type": "display_data", "metadata": {},
-                             "data": figure_bundle(f, plotlyjs=False)} for f in figs)
+    led = p.ledger
+    peaks = {s: p.startup_peak(s) for s in ("grouped", "naive")}
+    pow2 = pinned_footprint(p, "pow2")
+    rows = [
+        ("host", html.escape(repr(p.host)) if p.host is not None else "–"),
+        ("available", format_bytes(led["available"])),
+        ("reserve", format_bytes(led["reserve"])),
+        ("spendable", format_bytes(led["spendable"])),
+        ("pin budget", format_bytes(led["budget"])),
+        ("pinned", f"{format_bytes(led['pinned_bytes'])} in "
+                   f"{int(p.layers['pin_rank'].notna().sum())} layer(s)"),
+        ("pinned if rounded to powers of two",
+         f"{format_bytes(pow2)}" + (" — more than the host can spend" if pow2 > led["spendable"] else "")),
+        ("net new anonymous", format_bytes(led["net_anonymous_bytes"])),
+        ("fits", "<span style='color:#027a48'>yes</span>" if led["fits"]
+         else "<b style='color:#b42318'>NO</b>"),
+        ("startup peak (device)", f"grouped {format_bytes(peaks['grouped'])} · naive "
+                                  f"{format_bytes(peaks['naive'])}"),
+    ]
+    if led.get("device_peak_bytes") is not None:
+        mem = led.get("device_memory")
+        fit = "" if mem is None else (" — <span style='color:#027a48'>fits</span>" if led["device_fits"]
+                                      else " — <b style='color:#b42318'>does NOT fit</b>")
+        rows.append(("device peak (estimate)",
+                     f"{format_bytes(led['device_peak_bytes'])}" + (f" of {format_bytes(mem)}" if mem else "")
+                     + fit + f" (non-layer {format_bytes(led['device_non_layer_bytes'])}, resident "
+                     f"{format_bytes(led['device_resident_bytes'])}, in flight "
+                     f"{format_bytes(led['device_in_flight_bytes'])}, activations "
+                     f"{format_bytes(led['device_activation_bytes'])})"))
+    warn = "".join(f"<li>{html.escape(w)}</li>" for w in p.warnings)
+    return _kv_html(rows) + (f"<ul style='color:#b42318'>{warn}</ul>" if warn else "")
 
-    def _show_status(self, raw: bool = False) -> None:
-        parts = []
-        if self.plan is not None:
-            parts.append(f"<b>plan</b>: {html.escape(self.plan.summary())}")
-        if self.message:
-            parts.append(self.message if raw else html.escape(self.message))
-        if self.error:
-            parts.append(f"<span style='color:#b42318'><b>error</b>: {html.escape(self.error)}</span>")
-        self.status.value = "<br>".join(parts)
 
-    def _show_plan(self) -> None:
-        p = self.plan
-        led = p.ledger
-        peaks = {s: p.startup_peak(s) for s in ("grouped", "naive")}
-        pow2 = pinned_footprint(p, "pow2")
-        rows = [
-            ("host", html.escape(repr(p.host)) if p.host is not None else "–"),
-            ("available", format_bytes(led["available"])),
-            ("reserve", format_bytes(led["reserve"])),
-            ("spendable", format_bytes(led["spendable"])),
-            ("pin budget", format_bytes(led["budget"])),
-            ("pinned", f"{format_bytes(led['pinned_bytes'])} in "
-                       f"{int(p.layers['pin_rank'].notna().sum())} layer(s)"),
-            ("pinned if rounded to powers of two",
-             f"{format_bytes(pow2)}" + (" — more than the host can spend" if pow2 > led["spendable"]
-                                        else "")),
-            ("net new anonymous", format_bytes(led["net_anonymous_bytes"])),
-            ("fits", "<span style='color:#027a48'>yes</span>" if led["fits"]
-             else "<b style='color:#b42318'>NO</b>"),
-            ("startup peak (device)", f"grouped {format_bytes(peaks['grouped'])} · naive "
-                                      f"{format_bytes(peaks['naive'])}"),
-        ]
-        if led.get("device_peak_bytes") is not None:
-            mem = led.get("device_memory")
-            fit = "" if mem is None else (" — <span style='color:#027a48'>fits</span>" if led["device_fits"]
-                                          else " — <b style='color:#b42318'>does NOT fit</b>")
-            rows.append(("device peak (estimate)",
-                         f"{format_bytes(led['device_peak_bytes'])}" + (f" of {format_bytes(mem)}" if mem else "")
-                         + fit + f" (non-layer {format_bytes(led['device_non_layer_bytes'])}, resident "
-                         f"{format_bytes(led['device_resident_bytes'])}, in flight "
-                         f"{format_bytes(led['device_in_flight_bytes'])}, activations "
-                         f"{format_bytes(led['device_activation_bytes'])})"))
-        warn = "".join(f"<li>{html.escape(w)}</li>" for w in p.warnings)
-        self.ledger_html.value = (_kv_html(rows) + (f"<ul style='color:#b42318'>{warn}</ul>"
-                                                    if warn else ""))
-        self.reasons_html.value = (f"<details open><summary>per-layer tiers and reasons "
-                                   f"({len(p.layers)} layers)</summary>"
-                                   + p.table().to_html(index=False, border=0) + "</details>")
+def reasons_html(p: Plan) -> str:
+    """The per-layer tiers and reasons, as a folded table (cells escaped)."""
+    return (f"<details open><summary>per-layer tiers and reasons ({len(p.layers)} layers)</summary>"
+            + p.table().to_html(index=False, border=0) + "</details>")
 
-    def _show_comparison(self) -> None:
-        if not self.runs:
-            self.comparison_html.value = "<i>No runs kept.</i>"
-            self.comparison_out.outputs = ()
-            return
-        self.figures["step_times"] = viz.step_times(self.runs)
-        self.figures["bandwidth"] = viz.bandwidth(self.runs)
-        self.comparison_html.value = viz.comparison_frame(self.runs).to_html(index=False, border=0,
-                                                                             escape=True)
-        self._render(self.comparison_out, self.figures["step_times"], self.figures["bandwidth"])
+
+def comparison_html(runs: Sequence[Run]) -> str:
+    """The comparison table of the runs kept (cells escaped)."""
+    from offload_lab.views import figures as viz
+
+    if not runs:
+        return "<i>No runs kept.</i>"
+    return viz.comparison_frame(list(runs)).to_html(index=False, border=0, escape=True)

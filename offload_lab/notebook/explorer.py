@@ -8,11 +8,12 @@ a device profile (instant, labelled simulated), **Run** profiles the real model 
 comparison** keeps a run, **pinned vs pageable** simulates the headline comparison, and
 **Export report** writes one offline HTML file.
 
-All logic lives in plain methods (:meth:`PlanExplorer.update_plan`, :meth:`~PlanExplorer.simulate`,
-:meth:`~PlanExplorer.run`, :meth:`~PlanExplorer.add_to_comparison`,
-:meth:`~PlanExplorer.compare_tiers`, :meth:`~PlanExplorer.export_report`) and their results in
-attributes (``plan``, ``last_run``, ``runs``, ``figures``, ``error``), so it works and is tested
-without a browser: set a control's ``.value`` or ``.click()`` a button, then read them.
+The dashboard is a view over one :class:`~offload_lab.notebook.state.ExplorerState`
+(``ex.state``), which holds all the logic and needs no widgets: every control writes its
+field of ``ex.state.controls``, every button calls one of the state's actions, and the view
+then draws what the state holds. The results are read here too (``plan``, ``last_run``,
+``runs``, ``figures``, ``error``), so the dashboard is tested without a browser: set a
+control's ``.value`` or ``.click()`` a button, then read them.
 
 >>> from offload_lab import catalog
 >>> ex = PlanExplorer(catalog.load("wan2.1-t2v-14b"), host="64GiB", live=False)
@@ -23,51 +24,44 @@ without a browser: set a control's ``.value`` or ``.click()`` a button, then rea
 >>> ex.last_run.simulated, "timeline" in ex.figures
 (True, True)
 
-The class is assembled from its controls (:mod:`offload_lab.notebook.controls`), its display
-(:mod:`offload_lab.notebook.display`) and the actions below. Importing this module imports
-ipywidgets; ``import offload_lab`` does not.
+Importing this module imports ipywidgets; ``import offload_lab`` does not, nor does
+:mod:`offload_lab.notebook.state`.
 """
 
 from __future__ import annotations
 
-import html
-import warnings
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from offload_lab.analysis import summary as analysis
-from offload_lab.checks import check_int
-from offload_lab.model.spec import ModelSpec
-from offload_lab.notebook.controls import (
-    _TIERS_TIP,
-    GIB,
+import ipywidgets as W
+
+from offload_lab.notebook import display
+from offload_lab.notebook.state import (
+    AUTO,
     HYPOTHETICAL_HOSTS_GIB,
-    MIB,
-    ControlsMixin,
+    STEPS_BOX_MAX,
+    Controls,
     ExplorerError,
+    ExplorerState,
 )
-from offload_lab.notebook.display import DisplayMixin
-from offload_lab.notebook.explorer_recommend import RecommendMixin
-from offload_lab.notebook.magic import spec_for_model
 from offload_lab.planning.hostmem import HostMemory
-from offload_lab.planning.options import (
-    BACKENDS,
-    FORCED_TIERS,
-    MAX_STEPS,
-    OptionError,
-    parse_tokens,
-)
-from offload_lab.planning.planner import Plan, PlanWarning, store_bytes
-from offload_lab.planning.planner import plan as make_plan
+from offload_lab.planning.options import ORDERS, RESIDENCIES
+from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
-from offload_lab.units import format_bytes
-from offload_lab.views import figures as viz
 
-__all__ = ["PlanExplorer", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
+__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
+
+_STYLE = {"description_width": "110px"}
+# a saved notebook redraws the dashboard from its saved widget state after a kernel restart:
+# the tabs still switch but no control reaches Python any more
+_RESTART_NOTE = ("<br><small style='color:#667085'>The controls act through the running kernel: "
+                 "after a kernel restart, or in a copy of the notebook opened later, run this cell again."
+                 "</small>")
 
 
-class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
+class PlanExplorer:
     """A dashboard over one model: controls → plan → simulate / run → figures and comparison.
 
     - ``model_or_spec``: a ``torch.nn.Module`` (its blocks in ``nn.ModuleList``s), a
@@ -95,133 +89,65 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
                  tokens: int | str | None = None, steps: int = 3, warmup: int = 1,
                  backend: str = "auto", report_path: str = "offload-report.html",
                  live: bool = True) -> None:
-        self.model, self.spec = self._resolve_model(model_or_spec)
-        if fn is not None and not callable(fn):
-            raise ExplorerError(f"fn {fn!r:.60} is not callable; expected a function of no "
-                                f"arguments that runs one step, e.g. lambda: model(**inputs)")
-        if fn is not None and self.model is None:
-            raise ExplorerError("fn was given but model_or_spec is a spec: Run needs the live "
-                                "torch.nn.Module; pass the module instead of its spec")
-        if backend not in BACKENDS:
-            raise ExplorerError(f"backend {backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
-        for what, v, lo in (("steps", steps, 1), ("warmup", warmup, 0)):
-            check_int(what, v, minimum=lo, maximum=MAX_STEPS, error=ExplorerError)
-        if tokens is not None:
-            try:
-                tokens = parse_tokens(tokens)  # the same counts and resolutions as the CLI
-            except OptionError as e:
-                raise ExplorerError(str(e)) from None
-        self.fn, self.tokens, self.warmup, self.backend = fn, tokens, warmup, backend
-        self.plan: Plan | None = None
-        self.error: str | None = None
-        self.plan_error: str | None = None  # why the controls make no plan, while they don't
-        self.last_run: Run | None = None
-        self.runs: list[Run] = []
-        self.figures: dict[str, Any] = {}
-        self.report_file: Path | None = None
-        self.message = ""
-        self._suspended = False
-        self._layer_total = sum(store_bytes(layer)[0] for layer in self.spec.iter_layers())
-        self._unit, self._unit_name = (GIB, "GiB") if self._layer_total >= GIB else (MIB, "MiB")
-        self._probe: HostMemory | None = None
-        self._given_host = self._resolve_host(host)
-        self.profiles = self._resolve_profiles(profile)
-        self._build_widgets(steps, report_path, live)
-        self._build_recommend()
-        self._update_budget_range(keep_max=True)
-        self.update_plan()
+        self.state = ExplorerState(model_or_spec, fn, profile, host, tokens=tokens, steps=steps,
+                                   warmup=warmup, backend=backend, report_path=report_path, live=live)
+        self.state.on_progress = self._progress
+        self._syncing = False
+        self._shown: dict[int, tuple[Any, ...]] = {}  # id of an Output widget -> the figures it shows
+        self._build_widgets()
+        self._refresh()
 
-    # -- inputs ------------------------------------------------------------------------------
-    @staticmethod
-    def _resolve_model(obj: Any) -> tuple[Any, ModelSpec]:
-        if isinstance(obj, ModelSpec):
-            return None, obj
-        if isinstance(obj, str):
-            from offload_lab.model import catalog
+    # -- what the state holds, read here as before --------------------------------------------------
+    model = property(lambda self: self.state.model)
+    spec = property(lambda self: self.state.spec)
+    fn = property(lambda self: self.state.fn)
+    tokens = property(lambda self: self.state.tokens)
+    warmup = property(lambda self: self.state.warmup)
+    backend = property(lambda self: self.state.backend)
+    profiles = property(lambda self: self.state.profiles)
+    plan = property(lambda self: self.state.plan)
+    plan_error = property(lambda self: self.state.plan_error)
+    error = property(lambda self: self.state.error)
+    message = property(lambda self: self.state.message)
+    last_run = property(lambda self: self.state.last_run)
+    runs = property(lambda self: self.state.runs)
+    figures = property(lambda self: self.state.figures)
+    report_file = property(lambda self: self.state.report_file)
+    recommendation = property(lambda self: self.state.recommendation)
+    host = property(lambda self: self.state.host, doc="The host the displayed plan is made for.")
 
-            return None, catalog.load(obj)
+    def pin_budget(self) -> int | None:
+        """The budget slider in bytes; ``None`` at the top (everything the host can spend).
+
+        >>> ex = PlanExplorer("wan2.1-t2v-14b", host="64GiB", live=False)
+        >>> ex.pin_budget() is None, (setattr(ex.budget, "value", 4.0), ex.pin_budget())[1] == 4 * 2**30
+        (True, True)
+        """
+        return self.state.pin_budget()
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        """The arguments of :func:`offload_lab.plan` that the controls stand for (host aside).
+
+        >>> PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False).plan_kwargs()["order"]
+        'execution'
+        """
+        return self.state.plan_kwargs()
+
+    def device_memory_bytes(self) -> int:
+        """The device-memory box in bytes."""
+        return self.state.device_memory_bytes()
+
+    # -- actions: the state's, then the view is drawn again -------------------------------------------
+    def _then_refresh(self, action: Callable[[], Any]) -> Any:
         try:
-            from torch import nn
-        except ImportError:  # pragma: no cover - torch is a dependency
-            nn = None
-        if nn is not None and isinstance(obj, nn.Module):
-            return obj, spec_for_model(obj)
-        raise ExplorerError(f"model_or_spec {obj!r:.60} is a {type(obj).__name__}; expected a "
-                            f"torch.nn.Module, a ModelSpec or a catalog name such as "
-                            f"'wan2.1-t2v-14b'")
-
-    @staticmethod
-    def _resolve_profiles(profile: Any) -> dict[str, Any]:
-        from offload_lab.simulation import DeviceProfile, names
-
-        shipped = names()
-        profiles: dict[str, Any] = {n: n for n in shipped}
-        if profile is None:
-            first = "h200" if "h200" in shipped else shipped[0]
-            return {first: first, **profiles}
-        if isinstance(profile, DeviceProfile):
-            key = profile.name if profile.name not in shipped else f"{profile.name} (given)"
-            return {key: profile, **profiles}
-        if isinstance(profile, str):
-            try:
-                DeviceProfile.load(profile)  # names the shipped profiles when it is unknown
-            except ValueError as e:
-                raise ExplorerError(f"profile {profile!r}: {e}") from None
-            key = profile.strip().lower()
-            return {key: profile, **{k: v for k, v in profiles.items() if k != key}}
-        raise ExplorerError(f"profile {profile!r:.60} is not accepted; expected a DeviceProfile or "
-                            f"one of {shipped}")
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
-        bundle["text/plain"] = repr(self)
-        return bundle
-
-    def __repr__(self) -> str:
-        plan = self.plan.summary() if self.plan is not None else f"no plan ({self.error})"
-        return f"<PlanExplorer {self.spec.name!r}: {plan}; {len(self.runs)} run(s) kept>"
-
-    # -- controls → plan ------------------------------------------------------------------------
-    def _make_plan(self, host: HostMemory, **overrides: Any) -> Plan:
-        # the plan is checked against the device memory box (its ledger shows the estimated peak)
-        kwargs = {**self.plan_kwargs(), "device_memory": self.device_memory_bytes(), "tokens": self.tokens,
-                  **overrides}
-        with warnings.catch_warnings():
-            # a plan's warnings are shown in the ledger; printing them too would repeat them
-            warnings.simplefilter("ignore", PlanWarning)
-            return make_plan(self.spec, host=host, **kwargs)
+            return action()
+        finally:
+            self._refresh()
 
     def update_plan(self) -> Plan | None:
-        """Plan from the controls; refresh the tier map, ledger and reasons (and simulate if live).
-
-        A combination the planner refuses (say, tier ``pinned`` forced with a zero budget)
-        keeps the previous plan, sets :attr:`error` and shows the planner's message.
-        """
-        try:
-            self.plan = self._make_plan(self.host)
-        except ValueError as e:
-            self.error = self.plan_error = f"{type(e).__name__}: {e}"
-            self._show_status()
-            return None
-        self.error = self.plan_error = None
-        self._update_resident_note()
-        self._refresh_tiers_button()
-        self.figures["tier_map"] = viz.tier_map(self.plan)
-        if len(self.spec.groups) > 1:
-            self.figures["startup_peaks"] = viz.startup_peaks(self.plan)
-        self._show_plan()
-        self._render(self.tier_map_out, self.figures["tier_map"])
-        if len(self.spec.groups) > 1:
-            self._render(self.ledger_out, self.figures["startup_peaks"])
-        if self.live.value:
-            self._guard(self.simulate)
-        else:
-            self._show_status()
-        return self.plan
-
-    # -- plan → runs ------------------------------------------------------------------------------
-    def _profile(self) -> Any:
-        return self.profiles[self.profile_choice.value]
+        """Plan from the controls (and simulate if live); a refused combination keeps the plan
+        and shows the planner's message."""
+        return self._then_refresh(self.state.update_plan)
 
     def simulate(self) -> Run:
         """Simulate the current plan on the selected device profile (labelled simulated).
@@ -229,83 +155,12 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
         >>> PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False).simulate().simulated
         True
         """
-        from offload_lab.simulation import simulate
-
-        if self.plan is None or self.plan_error:
-            # the plan on display is the last valid one; simulating it would mislabel the result
-            raise ExplorerError(f"the controls make no valid plan to simulate: {self.plan_error}")
-        run = simulate(self.plan, self._profile(), steps=int(self.steps.value),
-                       tokens=self.tokens)
-        from offload_lab.views.report_data import same_plan
-        from offload_lab.views.text import fmt_step
-
-        measured = [r for r in self.runs if not r.simulated and same_plan(r, run)]
-        beside = (f"; measured {viz.fmt_seconds(measured[-1].step_time)} under the same plan "
-                  f"({run.step_time / measured[-1].step_time - 1:+.1%} predicted vs measured)") if measured else ""
-        self._set_last(run, f"simulated on {self.profile_choice.value}: "
-                            f"{fmt_step(run.step_time, run.meta)} per step{beside}")
-        return run
+        return self._then_refresh(self.state.simulate)
 
     def run(self, **overrides: Any) -> Run:
-        """Profile the real model with ``fn`` under the current controls, on this machine.
-
-        The plan is made again against this machine's memory (a hypothetical host could grant
-        pins this machine cannot afford); the status line says when that changed any tier.
-        """
-        from offload_lab.record.runtime import profile
-
-        if self.model is None or self.fn is None:
-            raise ExplorerError("Run needs the live model and fn: PlanExplorer(model, "
-                                "fn=lambda: model(**inputs))")
-        here = HostMemory.probe()
-        self._probe = here
-        p = self._make_plan(here, **overrides)
-        note = ""
-        if self.plan is not None and list(p.layers["tier"]) != list(self.plan.layers["tier"]):
-            note = (f" (planned again for this machine: {analysis.tier_summary(p.layers)}; the "
-                    f"displayed plan is for the selected host)")
-        backend = self.backend
-        if backend == "auto":
-            import torch
-
-            backend = "cuda" if torch.cuda.is_available() else "cpu"
-        label = f"{analysis.tier_summary(p.layers)} · prefetch {p.prefetch} · measured on {backend}"
-        steps = int(self.steps.value)
-        self.progress.max, self.progress.value = steps + self.warmup, 0
-        self.progress.layout.visibility = "visible"
-        try:
-            run = profile(self.model, self.fn, p, steps=steps, warmup=self.warmup, backend=backend,
-                          label=label, progress=lambda k, _n: setattr(self.progress, "value", k))
-        finally:
-            self.progress.layout.visibility = "hidden"
-        self._offer_calibrated(run)
-        peak = run.meta.get("device_peak") or {}
-        if peak:
-            note += (f"; device peak predicted {format_bytes(peak['predicted_bytes'])} (estimate), measured "
-                     f"{format_bytes(peak['measured_bytes'])}")
-        self._set_last(run, f"measured on {backend}: {viz.fmt_seconds(run.step_time)} per step{note}")
-        return run
-
-    def _offer_calibrated(self, run: Run) -> None:
-        """Add a profile fitted to the measured run to the profile list (not selected)."""
-        from offload_lab.simulation import calibrate
-
-        try:
-            fitted = calibrate(run)
-        except ValueError:
-            return  # a run the fit cannot read (e.g. nothing streamed): nothing to offer
-        key = f"calibrated from run {len([k for k in self.profiles if k.startswith('calibrated')]) + 1}"
-        self.profiles[key] = fitted
-        with self._hold():
-            self.profile_choice.options = list(self.profiles)
-
-    def _set_last(self, run: Run, message: str) -> None:
-        self.last_run = run
-        self.message = message
-        self.figures["timeline"] = viz.timeline(run)
-        self.add_button.disabled = False
-        self._render(self.timeline_out, self.figures["timeline"])
-        self._show_status()
+        """Profile the real model with ``fn`` under the current controls, on this machine
+        (see :meth:`ExplorerState.run`)."""
+        return self._then_refresh(lambda: self.state.run(**overrides))
 
     def add_to_comparison(self, run: Run | None = None) -> list[Run]:
         """Keep ``run`` (default: the last one) in the comparison; returns the runs kept.
@@ -314,100 +169,30 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
         >>> _ = ex.simulate(); len(ex.add_to_comparison())
         1
         """
-        run = run if run is not None else self.last_run
-        if run is None:
-            raise ExplorerError("there is no run to add yet: press Simulate or Run first")
-        if not isinstance(run, Run):
-            raise ExplorerError(f"run {run!r:.60} is not an offload_lab.Run")
-        if all(r is not run for r in self.runs):
-            self.runs.append(run)
-            self.message = f"kept {run.label!r}: {len(self.runs)} run(s) in the comparison"
-        self._show_comparison()
-        return self.runs
+        return self._then_refresh(lambda: self.state.add_to_comparison(run))
 
     def all_pinned_shortfall(self) -> tuple[str | None, str | None]:
         """``(why impossible, what is short)`` for an all-pinned arm on the selected host.
 
-        The first is set when not one streamed layer can be pinned (nothing streamed, or the
-        host can spend less than the smallest); the second when only some can.
-
         >>> PlanExplorer("wan2.1-t2v-14b", host="64GiB", live=False).all_pinned_shortfall()
         (None, None)
         """
-        if self.plan is None:
-            return self.plan_error or "no plan", None
-        df = self.plan.layers
-        streamed = [int(b) for b in df.loc[df["streamed"], "bytes"]]
-        if not streamed:
-            return "every layer is resident: nothing is streamed, so tiers make no difference", None
-        spend = self.host.spendable
-        if min(streamed) > spend:
-            return (f"the host can spend {format_bytes(spend)} on pins, less than the smallest "
-                    f"streamed layer ({format_bytes(min(streamed))})"), None
-        if sum(streamed) > spend:
-            return None, (f"the host can spend {format_bytes(spend)}, all-pinned needs "
-                          f"{format_bytes(sum(streamed))}")
-        return None, None
+        return self.state.all_pinned_shortfall()
 
-    def _refresh_tiers_button(self) -> None:
-        why, _ = self.all_pinned_shortfall()
-        self.tiers_button.disabled = why is not None
-        self.tiers_button.tooltip = f"not possible: {why}" if why else _TIERS_TIP
-
-    def _tier_overrides(self, tier: str) -> dict[str, Any]:
-        # the pinned arm is all pinned: the pin budget control would make it the mixed plan again
-        return {"tier": tier, "pin_budget": None} if tier == "pinned" else {"tier": tier}
-
-    def compare_tiers(self, tiers: Sequence[str] = ("pinned", "pageable"),
-                      measured: bool = False) -> list[Run]:
-        """Every streamed layer forced to each tier in turn, the other controls kept (the pinned
-        arm ignores the pin budget: it pins all the host can afford, and says when that is not
-        everything); each run is simulated (or measured with ``measured=True``) and added to the
-        comparison.
+    def compare_tiers(self, tiers: Sequence[str] = ("pinned", "pageable"), measured: bool = False) -> list[Run]:
+        """Every streamed layer forced to each tier in turn, each run kept in the comparison
+        (see :meth:`ExplorerState.compare_tiers`).
 
         >>> ex = PlanExplorer("wan2.1-t2v-14b", host="64GiB", live=False)
         >>> pinned, pageable = ex.compare_tiers(("pinned", "pageable"))
         >>> pageable.step_time >= pinned.step_time * (1 - 1e-9), len(ex.runs)  # hidden at best
         (True, 2)
         """
-        bad = [t for t in tiers if t not in FORCED_TIERS]
-        if isinstance(tiers, str) or bad or not tiers:
-            raise ExplorerError(f"tiers {tiers!r} is not accepted; expected a list of "
-                                f"{', '.join(FORCED_TIERS)}")
-        if measured and (self.model is None or self.fn is None):
-            raise ExplorerError("measured=True needs the live model and fn")
-        why, short = self.all_pinned_shortfall() if "pinned" in tiers else (None, None)
-        if why is not None:
-            raise ExplorerError(f"an all-pinned run is not possible: {why}")
-        from offload_lab.simulation import simulate
-
-        out = []
-        for t in tiers:
-            if measured:
-                out.append(self.run(**self._tier_overrides(t)))
-            else:
-                p = self._make_plan(self.host, **self._tier_overrides(t))
-                run = simulate(p, self._profile(), steps=int(self.steps.value),
-                               tokens=self.tokens)
-                self._set_last(run, f"simulated {t}")
-                out.append(run)
-            self.add_to_comparison(out[-1])
-        steps = " vs ".join(f"{viz.fmt_seconds(r.step_time)}" for r in out)
-        kind = "measured" if measured else "simulated"
-        self.message = f"{' vs '.join(tiers)}: {steps} per step ({kind})"
-        if short:
-            self.message += f"; not all pinned: {short}, so the pinned run pins what fits"
-        self._show_status()
-        return out
+        return self._then_refresh(lambda: self.state.compare_tiers(tiers, measured))
 
     def clear_comparison(self) -> None:
         """Forget the runs kept for comparison."""
-        self.runs.clear()
-        self.figures.pop("step_times", None)
-        self.figures.pop("bandwidth", None)
-        self.message = "comparison cleared"
-        self._show_comparison()
-        self._show_status()
+        return self._then_refresh(self.state.clear_comparison)
 
     def export_report(self, path: str | Path | None = None) -> Path:
         """Write an offline HTML report of the runs kept (else the last run) and the plan.
@@ -416,16 +201,243 @@ class PlanExplorer(RecommendMixin, ControlsMixin, DisplayMixin):
         >>> ex.export_report("/tmp/explorer-doctest.html").name
         'explorer-doctest.html'
         """
-        from offload_lab.views.report import report
+        return self._then_refresh(lambda: self.state.export_report(path))
 
-        runs = list(self.runs) or ([self.last_run] if self.last_run is not None else [])
-        if not runs and self.plan is None:
-            raise ExplorerError("nothing to report yet: Simulate or Run first")
-        target = Path(path if path is not None else self.report_path.value)
-        self.report_file = report(runs, plan=self.plan,
-                                  title=f"PlanExplorer · {self.spec.name}").save(target)
-        self.message = (f"report written to <a href='{html.escape(str(self.report_file))}' "
-                        f"target='_blank'>{html.escape(str(self.report_file))}</a>")
-        self._show_status(raw=True)
-        return self.report_file
+    def recommend(self) -> Any:
+        """Search on the selected profile, host and device memory; load the best plan.
 
+        >>> ex = PlanExplorer("wan2.1-t2v-14b", profile="rtx4090-pcie4", host="64GiB", live=False)
+        >>> rec = ex.recommend()
+        >>> ex.plan.tier_counts == rec.best.tier_counts
+        True
+        """
+        return self._then_refresh(self.state.recommend)
+
+    def load_tried(self, plan_id: int) -> Plan | None:
+        """Set the controls to plan ``plan_id`` of the last recommendation and plan again."""
+        return self._then_refresh(lambda: self.state.load_tried(plan_id))
+
+    def on_front_click(self, trace: Any, points: Any, _state: Any = None) -> Plan | None:
+        """A click on the front scatter: load the plan of the clicked point."""
+        inds = list(getattr(points, "point_inds", []) or [])
+        if not inds:
+            return None
+        plan_id = int(list(trace.customdata)[inds[0]])
+        if plan_id not in [v for _, v in self.state.front_options]:
+            self.state.front_choice = None
+        return self.load_tried(plan_id)
+
+    def _button(self, action: Callable[[], Any]) -> None:
+        # a failure goes to the status line: an exception in a widget callback would only
+        # reach the browser's console
+        self.state.guard(action)
+        self._refresh()
+
+    # -- widgets --------------------------------------------------------------------------------------
+    def _build_widgets(self) -> None:
+        st, c = self.state, self.state.controls
+        wide = W.Layout(width="340px")
+        self.title = W.HTML(st.title_html() + _RESTART_NOTE)
+        self.host_choice = W.Dropdown(options=st.host_options(), value=c.host, description="host",
+                                      style=_STYLE, layout=wide)
+        self.budget = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01,
+                                    description=f"pin budget ({st.unit_name})", style=_STYLE,
+                                    continuous_update=False, layout=W.Layout(width="420px"))
+        self.budget_note = W.HTML()
+        # a count applies to every group (capped at its size): say so where there are several
+        per_group = "resident per group" if len(st.spec.groups) > 1 else "resident layers"
+        self.resident = W.IntSlider(value=c.resident, min=0, max=st.resident_max, description=per_group,
+                                    style=_STYLE, continuous_update=False, layout=wide)
+        self.resident_note = W.HTML()
+        self.residency = W.Dropdown(options=list(RESIDENCIES), value=c.residency, description="residency",
+                                    style=_STYLE, layout=wide)
+        self.order = W.Dropdown(options=list(ORDERS), value=c.order, description="pin order",
+                                style=_STYLE, layout=wide)
+        self.prefetch = W.IntSlider(value=c.prefetch, min=0, max=st.prefetch_max, description="prefetch depth",
+                                    style=_STYLE, continuous_update=False, layout=wide)
+        self.tier = W.Dropdown(options=[("planner's choice", AUTO)] + [(t, t) for t in st.tier_options],
+                               value=c.tier, description="forced tier", style=_STYLE, layout=wide)
+        self.profile_choice = W.Dropdown(options=list(st.profiles), value=c.profile,
+                                         description="device profile", style=_STYLE, layout=wide)
+        self.steps = W.BoundedIntText(value=c.steps, min=1, max=STEPS_BOX_MAX, description="steps",
+                                      style=_STYLE, layout=W.Layout(width="200px"))
+        self.live = W.Checkbox(value=c.live, description="simulate on every change", indent=False)
+        self.device_memory = W.BoundedFloatText(
+            value=c.device_memory, min=0.5, max=4096.0, step=1.0, description="device GiB",
+            tooltip="device memory the plan must fit (estimated peak)")
+        self.report_path = W.Text(value=c.report_path, description="report file", style=_STYLE,
+                                  layout=W.Layout(width="360px"))
+        #: control name (a field of Controls) -> the widget that holds it
+        self.controls: dict[str, Any] = {
+            "host": self.host_choice, "budget": self.budget, "resident": self.resident,
+            "residency": self.residency, "order": self.order, "prefetch": self.prefetch, "tier": self.tier,
+            "profile": self.profile_choice, "steps": self.steps, "live": self.live,
+            "device_memory": self.device_memory, "report_path": self.report_path,
+        }
+        for name, w in self.controls.items():
+            w.observe(lambda change, name=name: self._on_control(name, change["new"]), names="value")
+        self._build_actions()
+        self._layout()
+
+    def _build_actions(self) -> None:
+        st = self.state
+        self.simulate_button = W.Button(description="Simulate", button_style="primary",
+                                        tooltip="predict this plan's timeline on the device profile")
+        self.run_button = W.Button(description="Run", button_style="success", disabled=st.fn is None,
+                                   tooltip=("profile the real model with fn under this plan"
+                                            if st.fn else "needs PlanExplorer(model, fn=...)"))
+        self.add_button = W.Button(description="Add to comparison", disabled=True)
+        self.tiers_button = W.Button(description="pinned vs pageable")
+        self.clear_button = W.Button(description="Clear comparison")
+        self.export_button = W.Button(description="Export report", icon="download")
+        self.recommend_button = W.Button(description="Recommend", button_style="info",
+                                         tooltip="search the plan space with the simulator and load the "
+                                                 "fastest plan that fits host and device")
+        self.front_choice = W.Dropdown(options=[], description="front plan", disabled=True)
+        self.front_choice.observe(self._on_front_choice, names="value")
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="run",
+                                      layout=W.Layout(width="340px", visibility="hidden"))
+        self.status = W.HTML()
+        self.ledger_html = W.HTML()
+        self.reasons_html = W.HTML()
+        self.comparison_html = W.HTML()
+        self.recommend_html = W.HTML()
+        self.timeline_out = W.Output()
+        self.tier_map_out = W.Output()
+        self.ledger_out = W.Output()
+        self.comparison_out = W.Output()
+        self.recommend_out = W.Output()
+        for button, action in ((self.simulate_button, st.simulate), (self.run_button, st.run),
+                               (self.add_button, st.add_to_comparison), (self.tiers_button, st.compare_tiers),
+                               (self.clear_button, st.clear_comparison), (self.export_button, st.export_report),
+                               (self.recommend_button, st.recommend)):
+            button.on_click(lambda _b, action=action: self._button(action))
+
+    def _layout(self) -> None:
+        tabs = W.Tab(children=[
+            self.timeline_out, self.tier_map_out,
+            W.VBox([self.ledger_html, self.ledger_out, self.reasons_html]),
+            W.VBox([self.comparison_html, self.comparison_out]),
+            W.VBox([self.recommend_html, self.recommend_out]),
+        ])
+        for i, name in enumerate(("Timeline", "Tier map", "Plan: ledger & reasons", "Comparison", "Recommend")):
+            tabs.set_title(i, name)
+        self.tabs = tabs
+        self.widget = W.VBox([
+            self.title,
+            W.HBox([self.host_choice, self.budget, self.budget_note]),
+            W.HBox([self.resident, self.residency, self.order, self.resident_note]),
+            W.HBox([self.prefetch, self.tier, self.profile_choice]),
+            W.HBox([self.steps, self.live]),
+            W.HBox([self.simulate_button, self.run_button, self.add_button, self.tiers_button,
+                    self.clear_button]),
+            W.HBox([self.export_button, self.report_path, self.progress]),
+            W.HBox([self.device_memory, self.recommend_button, self.front_choice]),
+            self.status, tabs,
+        ])
+
+    # -- widgets → state ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _sync(self) -> Iterator[None]:
+        """Write widgets from the state without their observers writing the state back."""
+        was, self._syncing = self._syncing, True
+        try:
+            yield
+        finally:
+            self._syncing = was
+
+    def _on_control(self, name: str, value: Any) -> None:
+        if self._syncing:
+            return
+        self._button(lambda: self.state.set(**{name: value}))
+
+    def _on_front_choice(self, change: dict) -> None:
+        if self._syncing or change.get("new") is None:
+            return
+        self._button(lambda: self.state.load_tried(int(change["new"])))
+
+    def _progress(self, done: int, total: int) -> None:
+        self.progress.max, self.progress.value = total, done
+        self.progress.layout.visibility = "visible"
+
+    # -- state → widgets --------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Draw what the state holds: control values and ranges, texts, buttons and figures."""
+        st, c = self.state, self.state.controls
+        with self._sync():
+            if list(self.profile_choice.options) != list(st.profiles):
+                self.profile_choice.options = list(st.profiles)
+            self.budget.max = st.budget_max  # the range first: a value is clamped to it
+            self.budget.step = st.budget_step
+            self.budget.readout_format = f".{st.budget_digits}f"
+            self.prefetch.max = st.prefetch_max
+            front = [(t, v) for t, v in st.front_options]
+            if list(self.front_choice.options) != front:
+                self.front_choice.options = front
+            self.front_choice.value = st.front_choice if st.front_choice in [v for _, v in front] else None
+            self.front_choice.disabled = not front
+            for name, w in self.controls.items():
+                v = getattr(c, name)
+                if w.value != v:
+                    w.value = v
+        self.progress.layout.visibility = "hidden"
+        self.budget_note.value = st.budget_note()
+        self.resident_note.value = st.resident_note()
+        self.status.value = st.status_html()
+        self.ledger_html.value = st.ledger_html()
+        self.reasons_html.value = st.reasons_html()
+        self.comparison_html.value = st.comparison_html
+        self.recommend_html.value = st.recommend_html
+        self.add_button.disabled = st.last_run is None
+        possible, tip = st.tiers_tooltip()
+        self.tiers_button.disabled, self.tiers_button.tooltip = not possible, tip
+        figs = st.figures
+        self._draw(self.tier_map_out, figs.get("tier_map"))
+        if len(st.spec.groups) > 1:
+            self._draw(self.ledger_out, figs.get("startup_peaks"))
+        self._draw(self.timeline_out, figs.get("timeline"))
+        self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
+        self._draw_front(figs.get("recommend_front"))
+
+    def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
+        """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it."""
+        figs = () if empty else tuple(f for f in figs if f is not None)
+        if not figs and not empty:
+            return  # nothing to draw yet
+        if self._is_shown(out, figs):
+            return
+        self._shown[id(out)] = figs  # the figures themselves: their ids stay theirs while held
+        display.render(out, *figs)
+
+    def _is_shown(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
+        shown = self._shown.get(id(out))
+        return shown is not None and len(shown) == len(figs) and all(a is b for a, b in zip(shown, figs))
+
+    def _draw_front(self, fig: Any) -> None:
+        if fig is None or self._is_shown(self.recommend_out, (fig,)):
+            return
+        self._shown[id(self.recommend_out)] = (fig,)
+        try:
+            import plotly.graph_objects as go
+
+            widget = go.FigureWidget(fig)  # needs anywidget; clicks then reach on_front_click
+        except ImportError:
+            display.render(self.recommend_out, fig)
+            return
+        for trace in widget.data:
+            trace.on_click(self.on_front_click)
+        self.recommend_out.outputs = ()
+        with self.recommend_out:
+            from IPython.display import display as show
+
+            show(widget)
+
+    # -- in a notebook ----------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        plan = self.plan.summary() if self.plan is not None else f"no plan ({self.error})"
+        return f"<PlanExplorer {self.spec.name!r}: {plan}; {len(self.runs)} run(s) kept>"

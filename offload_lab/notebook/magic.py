@@ -38,6 +38,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 from offload_lab.errors import OffloadLabError
+from offload_lab.notebook.display import figure_html
+from offload_lab.notebook.models import spec_for_model
 from offload_lab.planning.options import (
     STRATEGIES,
     add_plan_arguments,
@@ -54,14 +56,12 @@ if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
     from offload_lab.record.run import Run
 
-__all__ = ["OffloadMagics", "load_ipython_extension", "figure_html", "figure_bundle",
-           "spec_for_model", "summary_bundle", "user_traceback", "MagicArgumentError"]
+__all__ = ["OffloadMagics", "load_ipython_extension", "summary_bundle", "user_traceback", "MagicArgumentError"]
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep  # the offload_lab package
 _CPU_NOTE = ("cpu backend: there is no DMA engine and no page-locking on a CPU, so pinned, pageable "
              "and mapped runs take about the same time here; the pinned-vs-pageable difference is "
              "measured on a GPU (or predicted by offload_lab.simulate on a device profile).")
-_PLOTLYJS_SENT = False  # plotly.js is inlined once per kernel process, see figure_html()
 
 
 class MagicArgumentError(OffloadLabError, UsageError, ValueError):
@@ -74,72 +74,6 @@ class MagicArgumentError(OffloadLabError, UsageError, ValueError):
     def _render_traceback_(self) -> list[str]:
         # IPython prints only exact UsageErrors on one line; a subclass asks for it this way
         return [f"UsageError: {self}"]
-
-
-# -- figures in notebook outputs ------------------------------------------------------------------
-def _plotlyjs_loaded() -> bool:
-    """Whether this process already put plotly.js into the notebook page."""
-    if _PLOTLYJS_SENT:
-        return True
-    try:
-        import plotly.io as pio
-    except ImportError:
-        return False
-    # plotly's "notebook" renderer inlines plotly.js once, when it becomes the default renderer
-    return "notebook" in str(pio.renderers.default).split("+")
-
-
-def figure_html(fig: Any, div_id: str | None = None, plotlyjs: bool | None = None) -> str:
-    """A figure as an HTML fragment that survives ``jupyter nbconvert --to html``.
-
-    plotly ≥ 6.1 renders figures in a kernel as ``application/vnd.plotly.v1+json`` only, which
-    nbconvert's HTML drops; this fragment carries the figure as a ``<div>`` plus script.
-    ``plotlyjs``: inline plotly.js (≈ 4.8 MB) in the fragment; ``None`` (default) inlines it in
-    the first fragment of a process only — unless plotly's ``notebook`` renderer already put it
-    in the page — so an exported notebook works offline without carrying it twice.
-
-    >>> import plotly.graph_objects as go
-    >>> "plotly-graph-div" in figure_html(go.Figure(), plotlyjs=False)
-    True
-    """
-    global _PLOTLYJS_SENT
-    include = (not _plotlyjs_loaded()) if plotlyjs is None else bool(plotlyjs)
-    out = fig.to_html(include_plotlyjs=include, full_html=False, validate=False, div_id=div_id,
-                      default_width="100%", default_height=f"{fig.layout.height or 420}px",
-                      config={"displaylogo": False, "responsive": True})
-    _PLOTLYJS_SENT = _PLOTLYJS_SENT or include
-    return out
-
-
-def figure_bundle(fig: Any, plotlyjs: bool | None = None) -> dict[str, Any]:
-    """A display bundle with the plotly mimetype (live JupyterLab) and ``text/html`` (export).
-
-    ``plotlyjs`` is passed to :func:`figure_html`.
-
-    >>> import plotly.graph_objects as go
-    >>> sorted(figure_bundle(go.Figure(), plotlyjs=False))
-    ['application/vnd.plotly.v1+json', 'text/html', 'text/plain']
-    """
-    import plotly.io as pio
-
-    bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_plotly_json()))
-    bundle["text/html"] = figure_html(fig, plotlyjs=plotlyjs)
-    title = getattr(getattr(fig.layout, "title", None), "text", None) or "figure"
-    bundle["text/plain"] = f"<plotly figure: {re.sub(r'<[^>]+>', ' ', str(title)).strip()}>"
-    return bundle
-
-
-# -- models and specs -----------------------------------------------------------------------------
-def spec_for_model(model: nn.Module) -> ModelSpec:
-    """The spec of a live module; synthetic models keep their catalog name and ``meta``.
-
-    >>> from offload_lab import catalog, synthetic
-    >>> spec_for_model(synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=2)).name
-    'wan2.1-t2v-1.3b'
-    """
-    from offload_lab.model.spec import spec_of
-
-    return spec_of(model)
 
 
 # -- option parsing -------------------------------------------------------------------------------
@@ -431,7 +365,7 @@ class OffloadMagics(Magics):
 
     def _pipeline_plan(self, pipe: Any, args: Any, tier: str | None) -> Any:
         """One plan per component of a pipeline, ranked by uses per request."""
-        from offload_lab.model.spec import spec_of
+        from offload_lab.model.load import spec_of
         from offload_lab.planning.pipeline import plan_pipeline
 
         try:

@@ -29,7 +29,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from offload_lab.checks import is_int
-from offload_lab.model.spec import ModelSpec
+from offload_lab.model.flops import FlopsError, resolve_tokens
+from offload_lab.model.spec import DTYPE_BYTES, ModelSpec
 from offload_lab.planning.errors import PlanError, PlanSizeError
 from offload_lab.units import SizeError, format_bytes, parse_size
 
@@ -68,8 +69,6 @@ def _resolve_tokens(spec: ModelSpec, tokens: int | str | None) -> int | None:
         if isinstance(table, dict) and table:
             return int(min(table.values()))
         return int(table) if is_int(table) else None
-    from offload_lab.model.flops import FlopsError, resolve_tokens
-
     try:
         return resolve_tokens(spec, tokens)
     except FlopsError as e:
@@ -105,8 +104,6 @@ def activation_bytes(spec: ModelSpec, tokens: int | str | None = None) -> int:
         return 0
     s = n + int(spec.meta.get("text_tokens", 0) or 0)
     d, f = _widths(spec)
-    from offload_lab.model.spec import DTYPE_BYTES
-
     dtypes = Counter(t.dtype for g in spec.groups for layer in g.layers[:1] for t in layer.tensors)
     b = DTYPE_BYTES[dtypes.most_common(1)[0][0]] if dtypes else 2
     return int(s * (4 * d + f) * b)

@@ -19,7 +19,10 @@ from offload_lab.planning.options import FORCED_TIERS, RESIDENCIES
 from offload_lab.planning.placement import resident_sets, streamed_order
 from offload_lab.units import SizeError, format_bytes, parse_size
 
-__all__ = ["STORE_ALIGNMENT", "store_bytes", "staging_buffers"]
+__all__ = [
+    "STORE_ALIGNMENT", "store_bytes", "staging_buffers", "parse_bytes", "Unit", "build_unit", "jsonable",
+    "Outcome", "solve",
+]
 
 STORE_ALIGNMENT = 256  # bytes; each tensor slice of a packed store starts on this boundary
 _OVER = "host would exceed available − reserve"
@@ -43,7 +46,7 @@ def store_bytes(layer: LayerSpec) -> tuple[int, int]:
 
 
 # -- argument checks -----------------------------------------------------------------------------
-def _parse(value: Any, what: str) -> int:
+def parse_bytes(value: Any, what: str) -> int:
     try:
         return parse_size(value, what)
     except SizeError as e:
@@ -90,7 +93,7 @@ class _Row:
 
 
 @dataclass
-class _Unit:
+class Unit:
     """One component being planned: its spec, rows and grant order."""
 
     name: str
@@ -110,10 +113,10 @@ class _Unit:
         return sum(k * b for k, b in self.staging.values())
 
 
-def _build_unit(
+def build_unit(
     name: str, spec: ModelSpec, resident: Any, residency: str, order: Any, prefetch: int,
     tier: Any, staging: Any = False,
-) -> _Unit:
+) -> Unit:
     if not isinstance(spec, ModelSpec):
         raise PlanError(f"spec {spec!r} is not a ModelSpec; build one with spec_of(), "
                         f"ModelSpec.from_safetensors() or catalog.load()")
@@ -150,23 +153,23 @@ def _build_unit(
                 f"'pageable' or None"
             )
     params = {
-        "resident": _jsonable(resident), "residency": residency, "order": _jsonable(order),
+        "resident": jsonable(resident), "residency": residency, "order": jsonable(order),
         "prefetch": prefetch, "tier": tier, "staging": staging or tier == "staged",
     }
-    return _Unit(name, spec, tier, prefetch, params, init_order, rows, grant,
+    return Unit(name, spec, tier, prefetch, params, init_order, rows, grant,
                  use_staging=staging or tier == "staged")
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What one unit got: the budget and headroom left at its turn, its pins and new bytes."""
 
     budget: int
@@ -190,7 +193,7 @@ def staging_buffers(prefetch: int, layer_bytes: list[int]) -> tuple[int, int]:
     return min(prefetch + 1, len(layer_bytes)), max(layer_bytes)
 
 
-def _reserve_staging(unit: _Unit, left: int) -> dict[str, int]:
+def _reserve_staging(unit: Unit, left: int) -> dict[str, int]:
     """Pin budget set aside for each group's staging buffers before any layer is pinned.
 
     A group stages when not all its streamed layers can have their own pin (or ``staged`` is
@@ -214,7 +217,7 @@ def _reserve_staging(unit: _Unit, left: int) -> dict[str, int]:
     return out
 
 
-def _why_not_staged(unit: _Unit, left: int, reserved: dict[str, int]) -> dict[str, str]:
+def _why_not_staged(unit: Unit, left: int, reserved: dict[str, int]) -> dict[str, str]:
     """Per group that asked for staging and got none: why, for its pageable layers' reasons.
 
     ``staging=True`` that stages nothing must say so: a plan that looks like one without staging
@@ -240,7 +243,7 @@ def _why_not_staged(unit: _Unit, left: int, reserved: dict[str, int]) -> dict[st
     return out
 
 
-def _unpinned(unit: _Unit, left: int) -> int:
+def _unpinned(unit: Unit, left: int) -> int:
     """Streamed layers first fit leaves without a pin of their own."""
     n = 0
     for r in unit.grant_order:
@@ -253,7 +256,7 @@ def _unpinned(unit: _Unit, left: int) -> int:
     return n
 
 
-def _settle_staging(unit: _Unit, reserved: dict[str, int]) -> int:
+def _settle_staging(unit: Unit, reserved: dict[str, int]) -> int:
     """Charge each group's staging at its exact size; returns the reserved bytes given back."""
     back = 0
     unit.staging = {}
@@ -270,7 +273,7 @@ def _settle_staging(unit: _Unit, reserved: dict[str, int]) -> int:
     return back
 
 
-def _grant(unit: _Unit, left: int, rank: int) -> int:
+def _grant(unit: Unit, left: int, rank: int) -> int:
     """First-fit pin grants down the unit's grant order; returns the last rank used."""
     forced = unit.tier
     note = f"; tier {forced!r} forced" if forced else ""
@@ -332,7 +335,7 @@ def _grant(unit: _Unit, left: int, rank: int) -> int:
     return rank
 
 
-def _fit(unit: _Unit, headroom: int) -> tuple[int, str | None]:
+def _fit(unit: Unit, headroom: int) -> tuple[int, str | None]:
     """Demote, then give back, until the unit's new anonymous bytes fit ``headroom``.
 
     Returns ``(net new bytes, why it does not fit or None)``.
@@ -388,21 +391,21 @@ def _fit(unit: _Unit, headroom: int) -> tuple[int, str | None]:
     return net, why
 
 
-def _solve(units: list[_Unit], budget: int, headroom: int) -> tuple[list[_Outcome], list[str]]:
+def solve(units: list[Unit], budget: int, headroom: int) -> tuple[list[Outcome], list[str]]:
     """Plan units in rank order, each against the budget and headroom the ones before left.
 
     Higher-ranked components keep what they were granted: a lower-ranked component demotes its
     own copies and gives back its own pins first. Rows are updated in place.
     """
     messages: list[str] = []
-    outcomes: list[_Outcome] = []
+    outcomes: list[Outcome] = []
     rank = 0
     for unit in units:
         rank = _grant(unit, budget, rank)
         net, why = _fit(unit, headroom)
         pinned = sum(r.bytes for r in unit.rows if r.pin_rank is not None)
         staging = unit.staging_bytes
-        outcomes.append(_Outcome(budget, headroom, pinned, net, why is None, staging,
+        outcomes.append(Outcome(budget, headroom, pinned, net, why is None, staging,
                                  dict(unit.staging)))
         budget -= pinned + staging
         headroom -= net

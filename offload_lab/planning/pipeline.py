@@ -17,19 +17,20 @@ import pandas as pd
 from offload_lab.checks import check_int
 from offload_lab.model.pipeline import PipelineSpec
 from offload_lab.model.spec import ModelSpec
+from offload_lab.planning.device import misfit_note, parse_device_memory
 from offload_lab.planning.errors import PlanError
-from offload_lab.planning.grants import _build_unit, _solve
+from offload_lab.planning.grants import build_unit, solve
 from offload_lab.planning.hostmem import HostMemory
-from offload_lab.planning.planner import (
+from offload_lab.planning.solver import (
     Plan,
-    _add_device,
-    _budget,
-    _check_forced_pinned,
-    _emit,
-    _finish,
-    _ledger,
-    _plain,
-    _resolve_host,
+    add_device,
+    budget_of,
+    check_forced_pinned,
+    emit_warnings,
+    finish_plan,
+    ledger_of,
+    plain_ledger,
+    resolve_plan_host,
 )
 from offload_lab.units import format_bytes
 
@@ -116,7 +117,7 @@ class PipelinePlan:
                          [t for p in plans for t in p.spec.non_layer],
                          {"components": {n: p.spec.group_names for n, p in self.components.items()}})
         layers = pd.concat([p.layers for p in plans], ignore_index=True)
-        params = {**first.params, "components": {n: _plain(p.params) for n, p in self.components.items()},
+        params = {**first.params, "components": {n: plain_ledger(p.params) for n, p in self.components.items()},
                   "prefetch": max(int(p.prefetch) for p in plans)}
         return Plan(spec, layers, dict(self.ledger), [g for p in plans for g in p.init_order],
                     max(int(p.prefetch) for p in plans), params, list(self.warnings), self.host,
@@ -141,7 +142,7 @@ class PipelinePlan:
             "components": {n: p.to_dict() for n, p in self.components.items()},
             "ranking": [{k: (int(v) if k in ("rank", "uses", "bytes", "score") else v)
                          for k, v in row.items()} for row in self.ranking.to_dict("records")],
-            "ledger": _plain(self.ledger), "warnings": list(self.warnings),
+            "ledger": plain_ledger(self.ledger), "warnings": list(self.warnings),
             "host": None if self.host is None else self.host.to_dict(),
         }
 
@@ -208,26 +209,24 @@ def plan_pipeline(
     if dupes:
         raise PlanError(f"component names must be unique; {dupes} appear more than once")
     ranked = sorted(comps, key=lambda c: -c.score)  # stable: ties keep the order given
-    from offload_lab.planning.device import parse_device_memory
-
     device_memory = parse_device_memory(device_memory)
     units = [
-        _build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier, c.staging)
+        build_unit(c.name, c.spec, c.resident, c.residency, c.order, c.prefetch, c.tier, c.staging)
         for c in ranked
     ]
-    host = _resolve_host(host)
-    budget, user, capped = _budget(host, pin_budget)
+    host = resolve_plan_host(host)
+    budget, user, capped = budget_of(host, pin_budget)
     for u in units:
-        _check_forced_pinned(u, budget)
-    outcomes, msgs = _solve(units, budget, host.headroom)
+        check_forced_pinned(u, budget)
+    outcomes, msgs = solve(units, budget, host.headroom)
     msgs = capped + msgs
     plans: dict[str, Plan] = {}
     rows = []
     for i, (c, u, out) in enumerate(zip(ranked, units, outcomes), start=1):
         params = {"pin_budget": user, **u.params, "component": c.name, "uses": c.uses,
                   "rank": i}
-        plans[c.name] = _finish(u, _ledger(host, out), params, list(msgs), host)
-        _add_device(plans[c.name], _tokens_for(c.spec, tokens), None)
+        plans[c.name] = finish_plan(u, ledger_of(host, out), params, list(msgs), host)
+        add_device(plans[c.name], _tokens_for(c.spec, tokens), None)
         rows.append({
             "rank": i, "component": c.name, "uses": c.uses, "bytes": c.spec.layer_bytes,
             "score": c.score,
@@ -244,13 +243,11 @@ def plan_pipeline(
         "staging_bytes": sum(o.staging for o in outcomes),
     }
     if not ledger["device_fits"]:
-        from offload_lab.planning.device import misfit_note
-
         msgs = [*msgs, f"pipeline: {misfit_note(ledger)}; accepted: fewer resident layers, a smaller "
                        f"prefetch or more device memory"]
     if host.ranks > 1:  # this rank's share of a node that several ranks plan against
         ledger.update(ranks=host.ranks, local_rank=host.local_rank, node_spendable=host.node_spendable)
-    _emit(msgs)
+    emit_warnings(msgs)
     return PipelinePlan(plans, pd.DataFrame(rows, columns=_RANK_COLUMNS), ledger, msgs, host)
 
 

@@ -36,17 +36,38 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from offload_lab.writing import atomic_write
 
-if TYPE_CHECKING:
-    from offload_lab.record.run import Run
+__all__ = ["to_chrome_trace", "STREAM_ORDER", "TracedRun"]
 
-__all__ = ["to_chrome_trace", "STREAM_ORDER"]
+
+class TracedRun(Protocol):
+    """What a trace is written from: an offload_lab :class:`~offload_lab.Run`. This module sits
+    below the Run (whose :meth:`~offload_lab.Run.to_chrome_trace` calls it), so it names what it
+    reads instead of importing the class."""
+
+    events: pd.DataFrame
+    memory: pd.DataFrame
+    meta: dict[str, Any]
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def simulated(self) -> bool: ...
+
+    @property
+    def backend(self) -> str: ...
+
+
+def _is_run(obj: Any) -> bool:
+    return (all(isinstance(getattr(obj, f, None), pd.DataFrame) for f in ("events", "layers", "steps", "memory"))
+            and isinstance(getattr(obj, "meta", None), dict))
 
 #: the streams of a rank, in the order their tracks are shown (thread id = position + 1)
 STREAM_ORDER = ("compute", "copy", "host")
@@ -55,14 +76,14 @@ _COUNTERS = {"device memory": ("device_bytes",),
 _US = 1e6
 
 
-def _kind_word(run: Run) -> str:
+def _kind_word(run: TracedRun) -> str:
     return "simulated" if run.simulated else "measured"
 
 
-def _process_name(run: Run, rank: int) -> str:
+def _process_name(run: TracedRun, rank: int) -> str:
     label = run.label
     kind = _kind_word(run)
-    # a simulated label says so already ("... (simulated)"); never say it twice
+    # the views' rule (display_label): the kind is named once, unless the label names it
     tag = "" if kind in label.lower() else f" ({kind})"
     return f"{label}{tag} · rank {rank} · {run.backend}"
 
@@ -98,7 +119,7 @@ def _metadata(pid: int, tid: int, name: str, args: dict) -> dict:
     return {"ph": "M", "ts": 0, "pid": pid, "tid": tid, "name": name, "args": args}
 
 
-def _interval_events(run: Run) -> tuple[list[dict], set[tuple[int, int, str, int]], int]:
+def _interval_events(run: TracedRun) -> tuple[list[dict], set[tuple[int, int, str, int]], int]:
     ev = run.events
     ranks = ev["rank"].to_numpy(dtype=np.int64) if "rank" in ev.columns else np.zeros(len(ev), np.int64)
     start = ev["start_s"].to_numpy(dtype="float64")
@@ -132,7 +153,7 @@ def _interval_events(run: Run) -> tuple[list[dict], set[tuple[int, int, str, int
     return out, tracks, int((~finite).sum())
 
 
-def _counter_events(run: Run, pids: list[int]) -> list[dict]:
+def _counter_events(run: TracedRun, pids: list[int]) -> list[dict]:
     mem = run.memory
     if not len(mem):
         return []
@@ -152,7 +173,7 @@ def _counter_events(run: Run, pids: list[int]) -> list[dict]:
     return out
 
 
-def to_chrome_trace(run: Run, path: str | os.PathLike | None = None) -> dict:
+def to_chrome_trace(run: TracedRun, path: str | os.PathLike | None = None) -> dict:
     """The trace-event JSON of ``run`` (a dict); also written to ``path`` when given.
 
     ``path`` ending in ``.gz`` is written gzip-compressed (Perfetto opens both). The dict has
@@ -168,9 +189,7 @@ def to_chrome_trace(run: Run, path: str | os.PathLike | None = None) -> dict:
     >>> trace["otherData"]["simulated"], sorted({e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"})
     (True, ['compute', 'copy', 'host_block'])
     """
-    from offload_lab.record.run import Run
-
-    if not isinstance(run, Run):
+    if not _is_run(run):
         raise TypeError(f"to_chrome_trace needs an offload_lab Run, got {type(run).__name__}")
     intervals, tracks, dropped = _interval_events(run)
     pids = sorted({p for p, _, _, _ in tracks}) or [1]

@@ -34,7 +34,8 @@ import pandas as pd
 
 from offload_lab.checks import check_int
 from offload_lab.errors import OffloadLabError
-from offload_lab.record.run import FRAMES, Run, _read_frame, _read_head
+from offload_lab.planning.hostmem import local_ranks
+from offload_lab.record.run import FRAMES, Run, read_run_frame, read_run_head
 
 __all__ = ["gather", "merge_ranks", "rank_meta", "run_to_bytes", "run_from_bytes", "GatherError", "RANK_KEYS"]
 
@@ -59,8 +60,6 @@ def rank_meta() -> dict[str, Any]:
     (['local_rank', 'node', 'rank', 'world_size'], True)
     """
     import os
-
-    from offload_lab.planning.hostmem import local_ranks
 
     rank, world = 0, 1
     env = os.environ
@@ -96,8 +95,8 @@ def run_to_bytes(run: Run) -> bytes:
 def run_from_bytes(data: bytes, where: str = "gathered run") -> Run:
     """A :class:`Run` from :func:`run_to_bytes` output, checked as :meth:`Run.load` checks a file."""
     with zipfile.ZipFile(io.BytesIO(data)) as z:
-        head = _read_head(z, where)
-        frames = {n: _read_frame(z, n, where) for n in FRAMES}
+        head = read_run_head(z, where)
+        frames = {n: read_run_frame(z, n, where) for n in FRAMES}
     return Run(**frames, meta=head["meta"])
 
 

@@ -307,9 +307,6 @@ class Recorder:
         return bounds, how
 
     # -- steps -----------------------------------------------------------------------------------
-    def _current_step(self) -> int:
-        return self._step if self._step is not None else self._steps_done
-
     def _step_opened(self) -> None:
         """Called once a step's clock started (a subclass may take a snapshot)."""
 

@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from offload_lab.checks import is_int
+from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
+from offload_lab.record.chrome_trace import to_chrome_trace
 from offload_lab.record.schema import (
     EVENT_COLUMNS,
     EVENT_DTYPES,
@@ -41,9 +43,9 @@ from offload_lab.record.schema import (
 )
 from offload_lab.writing import atomic_write
 
-__all__ = ["Run", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
+__all__ = ["Run", "display_label", "RunFormatError", "EVENT_COLUMNS", "LAYER_COLUMNS", "STEP_COLUMNS", "MEMORY_COLUMNS",
            "KINDS", "STREAMS", "TIERS", "FORMAT", "MAX_MEMBER_BYTES", "MAX_FRAME_ROWS", "MAX_FRAME_BYTES",
-           "summarize_steps", "summarize_layers", "empty_events"]
+           "summarize_steps", "summarize_layers", "empty_events", "read_run_head", "read_run_frame"]
 
 FORMAT = "offload-lab/run"
 FORMAT_VERSION = 1
@@ -252,7 +254,7 @@ class Run:
         self.memory = conform("memory", memory, MEMORY_DTYPES)
         for name in FRAMES:
             check_numbers(name, getattr(self, name))
-        self.meta = check_meta(meta)
+        self.meta = _normalised(check_meta(meta))
         self.meta.setdefault("simulated", self.meta.get("backend") == "sim")
 
     # -- construction ------------------------------------------------------------------------
@@ -414,8 +416,6 @@ class Run:
         without being read), and frames whose values break the contract (see
         :func:`~offload_lab.record.schema.check_numbers`).
         """
-        from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
-
         path = Path(path)
         if not path.exists() and _zip_path(path).is_file():
             path = _zip_path(path)
@@ -430,8 +430,8 @@ class Run:
                 missing = sorted({"meta.json", *(f"{n}.parquet" for n in FRAMES)} - set(z.namelist()))
                 if missing:
                     raise RunFormatError(f"{where!r} is not an offload-lab run: missing {missing}")
-                head = _read_head(z, where)
-                frames = {n: _read_frame(z, n, where) for n in FRAMES}
+                head = read_run_head(z, where)
+                frames = {n: read_run_frame(z, n, where) for n in FRAMES}
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
             raise RunFormatError(f"cannot read run {where!r}: {e}") from None
         try:
@@ -447,9 +447,46 @@ class Run:
 
     def to_chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
         """The run as Chrome trace-event JSON for Perfetto (see :mod:`offload_lab.record.chrome_trace`)."""
-        from offload_lab.record.chrome_trace import to_chrome_trace
-
         return to_chrome_trace(self, path)
+
+
+_SIM_SUFFIX = " (simulated)"
+
+
+def _normalised(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with "simulated" said once, in ``meta["simulated"]``.
+
+    Runs saved before that carried a ``" (simulated)"`` suffix in ``label`` and ``device_name``
+    as well; it is taken off here, so old files show the same as new ones (views add it back
+    through :func:`display_label`).
+    """
+    meta.setdefault("simulated", meta.get("backend") == "sim")
+    if meta["simulated"]:
+        for key in ("label", "device_name"):
+            v = meta.get(key)
+            if isinstance(v, str) and v.endswith(_SIM_SUFFIX) and len(v) > len(_SIM_SUFFIX):
+                meta[key] = v[: -len(_SIM_SUFFIX)]
+    return meta
+
+
+def display_label(run: Run, label: str | None = None) -> str:
+    """A run's label as every view shows it: a simulated run's says ``(simulated)``, once.
+
+    The stored label never carries it (``run.meta["simulated"]`` says it); a label that names
+    the simulation itself (``"simulated · predicted"``) gets no second mark. ``label`` replaces
+    the stored one (a view that adds a part to it, such as the issue order).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
+    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
+    >>> run = offload_lab.simulate(plan, "h200", steps=1, label="pinned")
+    >>> run.label, display_label(run)
+    ('pinned', 'pinned (simulated)')
+    """
+    label = run.label if label is None else str(label)
+    if run.simulated and "simulated" not in label.lower():
+        return label + _SIM_SUFFIX
+    return label
 
 
 def _zip_path(path: Path) -> Path:
@@ -474,7 +511,7 @@ def _member(z: zipfile.ZipFile, name: str, where: str) -> bytes:
     return data
 
 
-def _read_head(z: zipfile.ZipFile, where: str) -> dict:
+def read_run_head(z: zipfile.ZipFile, where: str) -> dict:
     raw = _member(z, "meta.json", where)
     try:
         head = json.loads(raw)
@@ -552,7 +589,7 @@ def _check_decoded_size(raw: bytes, name: str, where: str) -> None:
                                  f"({MAX_FRAME_BYTES >> 30} GiB), the most a saved frame may decode to")
 
 
-def _read_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
+def read_run_frame(z: zipfile.ZipFile, name: str, where: str) -> pd.DataFrame:
     raw = _member(z, f"{name}.parquet", where)
     try:
         _check_decoded_size(raw, name, where)

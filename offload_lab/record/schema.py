@@ -55,7 +55,6 @@ MEMORY_DTYPES = {"t_s": "float64", "device_bytes": "int64", "pinned_bytes": "int
 #: (and in runs saved before ranks were recorded); a gathered multi-rank run holds them all
 DEFAULTS = {"events": {"run": None, "call": 0, "rank": 0}, "steps": {"calls": 1, "rank": 0},
             "layers": {"rank": 0}, "memory": {"rank": 0}}
-FRAME_DTYPES = {"events": EVENT_DTYPES, "layers": LAYER_DTYPES, "steps": STEP_DTYPES, "memory": MEMORY_DTYPES}
 
 #: meta entries every view reads, and the JSON types they may have (None: may be null)
 META_TYPES: dict[str, tuple] = {

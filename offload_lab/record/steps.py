@@ -167,7 +167,6 @@ class SchedulerWrap:
             finally:
                 on_step()
 
-        step.__offload_lab_wrap__ = True  # type: ignore[attr-defined]
         self._wrapper = step
         scheduler.step = step
 

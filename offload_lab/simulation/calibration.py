@@ -435,7 +435,7 @@ def _median_step(spec: Any, plan: Any, prof: DeviceProfile, steps: int, warmup: 
     ``span``, also the median span of a step's layers (first compute start to last compute end)."""
     _, streamed, prefetch, info, _ = _prepare(spec, plan, prof, None)
     ev, bounds, _ = _run_engine(spec, streamed, prefetch, info, prof, steps, passes, frames=span,
-                                issue=getattr(plan, "issue", None) or "after-compute")
+                                issue=plan.issue or "after-compute")
     kept = bounds.iloc[warmup:]
     step = float((kept["end_s"] - kept["start_s"]).median())
     if not span:

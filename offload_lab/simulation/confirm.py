@@ -86,7 +86,7 @@ def confirm(rec: Any, model: Any, fn: Any, steps: int = 3, warmup: int = 1, base
     recommendation's device profile. ``model`` must be the model the recommendation's spec
     describes (``spec_of(model)`` has its layers and bytes).
     """
-    from offload_lab.model.spec import spec_of
+    from offload_lab.model.load import spec_of
     from offload_lab.record.runtime import profile
     from offload_lab.simulation.engine import simulate
 
@@ -112,7 +112,7 @@ def confirm(rec: Any, model: Any, fn: Any, steps: int = 3, warmup: int = 1, base
     for name, p in (("recommended", rec.best), ("baseline", baseline)):
         measured = profile(model, fn, p, steps=steps, warmup=warmup, backend=backend, label=f"{name} (measured)")
         sim = simulate(p, rec.profile, steps=steps, tokens=rec.tokens, passes=rec.calls_per_step,
-                       label=f"{name} on {rec.profile.name} (simulated)")
+                       label=f"{name} on {rec.profile.name}")
         runs += [measured, sim]
         pred, meas = _median_step(sim), _median_step(measured)
         rows.append({

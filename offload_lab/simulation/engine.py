@@ -41,9 +41,10 @@ that overlaps shares the processor by the profile's ``contention`` (1.0: one pro
 overlap saves nothing) and ``copy_priority`` (who gets it).
 
 A simulated :class:`~offload_lab.record.run.Run` has the same frames as a measured one,
-``backend == "sim"``, ``meta["simulated"] is True`` and a label ending in ``(simulated)``;
-``meta["evidence"]`` says what the prediction rests on (:mod:`offload_lab.simulation.evidence`:
-``status`` held-out / unconfirmed / derived, ``band``, ``basis``).
+``backend == "sim"`` and ``meta["simulated"] is True``; views show its label with
+``(simulated)`` (:func:`~offload_lab.record.run.display_label`); ``meta["evidence"]`` says what
+the prediction rests on (:mod:`offload_lab.simulation.evidence`: ``status`` held-out /
+unconfirmed / derived, ``band``, ``basis``).
 
 >>> import offload_lab
 >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -57,13 +58,15 @@ from __future__ import annotations
 
 import math
 import uuid
-import warnings
 from collections import Counter, deque
 from typing import Any
 
 import pandas as pd
 
 from offload_lab.checks import check_choice, check_int
+from offload_lab.model.spec import ModelSpec
+from offload_lab.planning.pipeline import PipelinePlan
+from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
 from offload_lab.simulation.events import COMPUTE, COPY, HOST_BLOCK, STAGE, WAIT, _Events
@@ -90,14 +93,15 @@ MAX_FORWARDS = 2_000_000
 MAX_TOKENS = 100_000_000
 
 
-def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any, steps: int = 3,
+def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = None, *, steps: int = 3,
              tokens: int | str | None = None, label: str | None = None, warmup: int = 0,
              passes: int = 1, issue: str | None = None, stage_threads: int = 1,
              ranks_per_node: int = 1, node: Any = None) -> Run:
     """Simulate ``steps`` steps of ``plan`` on ``device`` and return a simulated :class:`Run`.
 
-    ``plan`` is a :class:`~offload_lab.Plan` (it carries its spec) or the plan that
-    :func:`~offload_lab.simulation.plan_of_run` rebuilds from a run; ``device`` a
+    ``plan`` is a :class:`~offload_lab.Plan` (it carries its spec; :func:`~offload_lab.plan_of_run`
+    rebuilds one from a run) or a :class:`~offload_lab.PipelinePlan` (simulated as its
+    :meth:`~offload_lab.PipelinePlan.merged` plan); ``device`` a
     :class:`DeviceProfile` or the name of a shipped one (:func:`names`).
     One step is ``passes`` forwards through every group in declared order (a measured step is
     one call of ``fn``; pass ``passes=spec.meta["guidance_passes"]`` for a denoising step with
@@ -110,15 +114,15 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     ``issue`` (``"after-compute"`` or ``"before-compute"``) and ``stage_threads`` are the
     runtime's options of the same names (see :func:`~offload_lab.offload`); ``issue=None`` takes
     the order of the run a plan was rebuilt from (:func:`plan_of_run`; runs recorded before
-    the option existed issued ``"before-compute"``), else ``"after-compute"``.
-    The older form ``simulate(spec, plan, profile, ...)`` still works and warns.
+        # a plan rebuilt from a run, or another engine's (offload_lab.engines.as_plan), carries its order
+        issue = plan.issue or plan.params.get("issue") or "after-compute"
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
     >>> plan = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="64GiB"))
     >>> run = simulate(plan, "rtx4090-pcie4", steps=2)
-    >>> run.label
-    'rtx4090-pcie4 · 30 pageable · prefetch 1 (simulated)'
+    >>> run.label, run.simulated
+    ('rtx4090-pcie4 · 30 pageable · prefetch 1', True)
     >>> simulate(plan, "h200", steps=10**8)
     Traceback (most recent call last):
     ...
@@ -127,13 +131,14 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     if isinstance(ranks_per_node, bool) or ranks_per_node != 1 or node is not None:
         from offload_lab.simulation.node import simulate_node
 
-        spec, plan, profile = _resolve_call(plan, device, legacy)
+        spec, plan, profile = _resolve_call(plan, device)
         return simulate_node(plan, profile, ranks_per_node, node, steps=steps, tokens=tokens, label=label,
                              warmup=warmup, passes=passes)
-    spec, plan, profile = _resolve_call(plan, device, legacy)
+    spec, plan, profile = _resolve_call(plan, device)
     _check_bounds(spec, steps, passes, warmup, tokens)
     if issue is None:
-        issue = getattr(plan, "issue", None) or "after-compute"
+        # a plan rebuilt from a run, or another engine's (offload_lab.engines.as_plan), carries its order
+        issue = plan.issue or plan.params.get("issue") or "after-compute"
     _check_issue(issue, stage_threads)
     layers, streamed, prefetch, info, _ = _prepare(spec, plan, profile, tokens, stage_threads)
     run_id = f"sim-{uuid.uuid4().hex[:8]}"
@@ -146,19 +151,16 @@ def simulate(plan: Any, device: DeviceProfile | str | None = None, *legacy: Any,
     pf = sorted(set(prefetch.values()))
     auto = f"{profile.name} · {tier_s} · prefetch {pf[0] if len(pf) == 1 else pf}"
     label = auto if label is None else str(label)
-    if "simulated" not in label.lower():
-        label += " (simulated)"
-    params = dict(getattr(plan, "params", {}) or {})
-    ledger = getattr(plan, "ledger", None)
-    if ledger:
-        params["ledger"] = dict(ledger)
+    params = dict(plan.params or {})
+    if plan.ledger:  # a plan rebuilt from a run has none
+        params["ledger"] = dict(plan.ledger)
     resident = [lay.nbytes for lay in info.values() if lay.tier == "resident"]
     meta = {
         "run": run_id,
         "label": label,
         "backend": "sim",
         "simulated": True,
-        "device_name": f"{profile.name} (simulated)",
+        "device_name": profile.name,
         "model": spec.name,
         "model_bytes": int(spec.total_bytes),
         "groups": [g.name for g in spec.groups],
@@ -195,25 +197,13 @@ def _tokens_used(spec: Any, profile: DeviceProfile, tokens: int | str | None) ->
         return None  # a spec that names no token count, with per-layer compute seconds
 
 
-def _resolve_call(plan: Any, device: Any, legacy: tuple) -> tuple[Any, Any, DeviceProfile]:
-    """``(spec, plan, profile)`` from either call form; the older one warns."""
-    from offload_lab.model.spec import ModelSpec
-
-    if isinstance(plan, ModelSpec):
-        if len(legacy) != 1:
-            raise SimError(f"simulate(spec, plan, profile) got {2 + len(legacy)} positional arguments; "
-                           f"accepted: simulate(plan, device, steps=..., ...)")
-        warnings.warn("simulate(spec, plan, profile, ...) is deprecated; call simulate(plan, device, ...): "
-                      "the plan carries its spec", DeprecationWarning, stacklevel=3)
-        spec, plan, device = plan, device, legacy[0]
-    else:
-        if legacy:
-            raise SimError(f"simulate(plan, device) takes 2 positional arguments, got {2 + len(legacy)}; "
-                           f"pass steps=, tokens=, label=, warmup=, passes= by name")
-        spec = getattr(plan, "spec", None)
-        if not isinstance(spec, ModelSpec):
-            raise SimError(f"plan {type(plan).__name__} carries no spec; accepted: an offload_lab.Plan from "
-                           f"offload_lab.plan(spec, ...) or a plan from plan_of_run(run)")
+def _resolve_call(plan: Any, device: Any) -> tuple[ModelSpec, Plan, DeviceProfile]:
+    """``(spec, plan, profile)`` checked; a pipeline's plan is its merged plan."""
+    if isinstance(plan, PipelinePlan):
+        plan = plan.merged()
+    if not isinstance(plan, Plan):
+        raise SimError(f"plan {type(plan).__name__} is not an offload_lab.Plan; accepted: a Plan from "
+                       f"offload_lab.plan(spec, ...) or offload_lab.plan_of_run(run), or a PipelinePlan")
     if device is None:
         raise SimError(f"simulate needs a device: a DeviceProfile or a shipped name {names()}")
     if isinstance(device, str):
@@ -221,7 +211,7 @@ def _resolve_call(plan: Any, device: Any, legacy: tuple) -> tuple[Any, Any, Devi
     if not isinstance(device, DeviceProfile):
         raise SimError(f"device {device!r:.80} is not a DeviceProfile; accepted: a DeviceProfile or a "
                        f"shipped name {names()}")
-    return spec, plan, device
+    return plan.spec, plan, device
 
 
 from offload_lab.planning.options import ISSUE_ORDERS  # noqa: E402  (one list for every surface)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from offload_lab.planning.planner import store_bytes
+from offload_lab.model.spec import ModelSpec
+from offload_lab.planning.planner import Plan, store_bytes
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.profile import DeviceProfile
 
@@ -44,7 +45,7 @@ def _remember(cache: OrderedDict, key: Any, value: Any) -> Any:
     return value
 
 
-def _spec_facts(spec: Any) -> dict[tuple[str, int], tuple[str, int, int, int]]:
+def _spec_facts(spec: ModelSpec) -> dict[tuple[str, int], tuple[str, int, int, int]]:
     """Per layer of ``spec``: its name, bytes, packed-store bytes and mapped bytes, kept per spec
     object (the entry holds the spec, so its id is not reused while it is cached)."""
     hit = _spec_cache.get(id(spec))
@@ -56,7 +57,7 @@ def _spec_facts(spec: Any) -> dict[tuple[str, int], tuple[str, int, int, int]]:
     return _remember(_spec_cache, id(spec), (spec, facts))[1]
 
 
-def _layer_compute(spec: Any, profile: DeviceProfile, tokens: int | str | None) -> dict[tuple[str, int], tuple[float, float]]:
+def _layer_compute(spec: ModelSpec, profile: DeviceProfile, tokens: int | str | None) -> dict[tuple[str, int], tuple[float, float]]:
     """Per layer, ``(compute seconds, curve floor)`` on ``profile`` at ``tokens``, kept per spec
     object and per value of what those read on the profile (a profile changed in place is a
     new key)."""
@@ -75,22 +76,17 @@ def _layer_compute(spec: Any, profile: DeviceProfile, tokens: int | str | None) 
     return _remember(_compute_cache, key, (spec, profile, out))[2]
 
 
-def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]], dict[str, int]]:
+def _frame_plan(spec: ModelSpec, plan: Plan) -> tuple[pd.DataFrame, dict[str, list[int]], dict[str, int]]:
     """Check ``plan`` against ``spec``; return its layers, streamed order and prefetch per group."""
-    layers = getattr(plan, "layers", None)
-    need = {"group", "layer", "tier", "bytes", "streamed"}
-    if not isinstance(layers, pd.DataFrame) or not need <= set(layers.columns):
-        raise SimError(f"plan {type(plan).__name__} has no layers frame with columns {sorted(need)}; "
-                       f"expected an offload_lab.Plan from offload_lab.plan(spec, ...)")
+    layers = plan.layers
     spec_groups = [g.name for g in spec.groups]
     groups = [str(g) for g in layers["group"].tolist()]
     plan_groups = list(dict.fromkeys(groups))
     if set(plan_groups) != set(spec_groups):
         raise SimError(f"plan does not match spec {spec.name!r}: plan groups {plan_groups}, "
                        f"spec groups {spec_groups}; make the plan with plan(spec, ...) for this spec")
-    plan_spec = getattr(plan, "spec", None)
-    if plan_spec is not None and getattr(plan_spec, "name", spec.name) != spec.name:
-        raise SimError(f"plan was made for spec {plan_spec.name!r}, not {spec.name!r}")
+    if plan.spec.name != spec.name:
+        raise SimError(f"plan was made for spec {plan.spec.name!r}, not {spec.name!r}")
     by_key = {(g, int(i)): int(b) for g, i, b in zip(groups, layers["layer"].tolist(), layers["bytes"].tolist())}
     counts = Counter(groups)
     facts = _spec_facts(spec)
@@ -110,14 +106,8 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
     bad = sorted(set(str(t) for t in layers["tier"].tolist()) - {"resident", "pinned", "staged", "pageable", "mapped"})
     if bad:
         raise SimError(f"plan has tier(s) {bad}; accepted: resident, pinned, staged, pageable, mapped")
-    streamed: dict[str, list[int]] = {}
-    for g in spec_groups:
-        if hasattr(plan, "streamed_layers"):
-            streamed[g] = [int(i) for i in plan.streamed_layers(g)]
-        else:
-            sel = layers[(layers["group"] == g) & layers["streamed"].astype(bool)]
-            streamed[g] = sorted(int(i) for i in sel["layer"])
-    pf = getattr(plan, "prefetch", 1)
+    streamed = {g: [int(i) for i in plan.streamed_layers(g)] for g in spec_groups}
+    pf = plan.prefetch
     prefetch = {g: int(pf[g] if isinstance(pf, dict) else pf) for g in spec_groups}
     for g, p in prefetch.items():
         if p < 0:
@@ -125,7 +115,7 @@ def _frame_plan(spec: Any, plan: Any) -> tuple[pd.DataFrame, dict[str, list[int]
     return layers, streamed, prefetch
 
 
-def _prepare(spec: Any, plan: Any, profile: DeviceProfile, tokens: int | str | None, stage_threads: int = 1):
+def _prepare(spec: ModelSpec, plan: Plan, profile: DeviceProfile, tokens: int | str | None, stage_threads: int = 1):
     layers, streamed, prefetch = _frame_plan(spec, plan)
     info: dict[tuple[str, int], _Layer] = {}
     # a copy moves the bytes the plan counts: the runtime packs each tensor slice on the

@@ -155,8 +155,6 @@ def simulate_node(plan: Any, device: DeviceProfile | str, ranks_per_node: int, n
         runs.append(r)
     auto = f"{device.name} · {ranks} ranks/node · {one.label.removeprefix(device.name + ' · ')}"
     out = merge_ranks(runs, label=label or auto)
-    if "simulated" not in out.label.lower():
-        out.meta["label"] = out.label + " (simulated)"
     single = dict(one.meta.get("evidence") or {})
     out.meta.update(
         # no node of several ranks has been measured: the node model is an estimate on top

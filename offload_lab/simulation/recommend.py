@@ -33,6 +33,7 @@ budgets and forced tiers are planned once, around the best, to draw the front.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import textwrap
 import warnings
@@ -49,7 +50,7 @@ from offload_lab.planning.errors import PlanError, PlanWarning
 from offload_lab.planning.grants import store_bytes
 from offload_lab.planning.hostmem import HostMemory
 from offload_lab.planning.placement import resident_sets
-from offload_lab.planning.planner import Plan, _resolve_host, plan
+from offload_lab.planning.planner import Plan, plan, resolve_plan_host
 from offload_lab.simulation.engine import _run_engine
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.layers import _Layer
@@ -223,6 +224,15 @@ class Recommendation:
         front["step_s"] = [step_text(float(v), self.calls_per_step) for v in front["step_s"]]
         return (f"<p><b>{escape(repr(self))}</b></p><p>{escape(self.explanation)}</p>"
                 + front.to_html(index=False, escape=True))
+
+    def to_engine(self, name: str) -> Any:
+        """The best plan as engine ``name``'s nearest settings, its cost simulated on this
+        recommendation's device (:func:`offload_lab.engines.to_engine`)."""
+        if self.best is None:
+            raise RecommendError(f"nothing fits {self.profile.name} here, so there is no plan to export to {name!r}")
+        # looked up at run time: the engines package builds on recommend, not the reverse
+        engines = importlib.import_module("offload_lab.engines")
+        return engines.to_engine(self.best, name, device=self.profile, tokens=self.tokens, calls=self.calls_per_step)
 
     def confirm(self, model: Any, fn: Any, steps: int = 3, warmup: int = 1, baseline: Plan | None = None,
                 backend: str = "auto") -> Any:
@@ -422,7 +432,7 @@ def recommend(spec: Any, device: DeviceProfile | str = "rtx4090-pcie4", host: An
     profile = _profile(device)
     mem = _device_memory(profile, device_memory)
     passes = _passes(calls_per_step)
-    host = _resolve_host(host)
+    host = resolve_plan_host(host)
     if pin_budget is not None:
         pin_budget = plan(spec, pin_budget=pin_budget, host=host).params["pin_budget"]  # validates
     if tokens is not None:
@@ -466,7 +476,7 @@ def _recommend_pipeline(comps: Any, device: Any, host: Any, device_memory: Any, 
     ranked = sorted(comps, key=lambda c: -c.score)  # stable, as plan_pipeline ranks them
     profile = _profile(device)
     mem = _device_memory(profile, device_memory)
-    host0 = _resolve_host(host)
+    host0 = resolve_plan_host(host)
     budget = None if pin_budget is None else plan(ranked[0].spec, pin_budget=pin_budget,
                                                   host=host0).params["pin_budget"]
     out: dict[str, Recommendation] = {}

@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
+from offload_lab.model.spec import ModelSpec
+from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 from offload_lab.simulation.errors import SimError
 from offload_lab.vocabulary import ISSUE_ORDERS
 
 
-class _RunPlan:
-    """The plan a recorded run was made under, as far as the simulator needs it."""
-
-    def __init__(self, spec: Any, layers: pd.DataFrame, prefetch: int, params: dict[str, Any]):
-        self.spec, self.layers, self.prefetch, self.params = spec, layers, prefetch, params
-        self.ledger = None
-        self.issue = "before-compute"  # the run's issue order; set from its meta by plan_of_run
-
-    def streamed_layers(self, group: str) -> list[int]:
-        df = self.layers
-        return sorted(int(i) for i in df[(df["group"] == group) & df["streamed"]]["layer"])
-
-
-def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
-    """``(spec, plan)`` that :func:`simulate` accepts, rebuilt from a run's ``layers`` and meta.
-
-    The plan carries the spec, so ``simulate(plan, device)`` works on it. Without ``spec``, the
+def plan_of_run(run: Run, spec: ModelSpec | None = None) -> tuple[ModelSpec, Plan]:
+    """``(spec, plan)`` rebuilt from a run's ``layers`` and meta: ``plan`` is an
+    :class:`~offload_lab.Plan` (:meth:`~offload_lab.Plan.from_layers`) that carries the spec and
+    the run's issue order, so ``simulate(plan, device)`` replays it. Without ``spec``, the
     spec has one tensor per layer (two where part of it is a checkpoint view) with the
     layer's bytes: enough for copies, and for compute keyed ``"group.layer"`` (a calibrated
     profile), not for the FLOPs model, which needs the real tensor shapes; pass the model's
@@ -40,11 +27,9 @@ def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
     >>> run = offload_lab.simulate(plan, "h200", steps=2)
     >>> spec_again, plan_again = plan_of_run(run)
     >>> again = offload_lab.simulate(plan_again, offload_lab.calibrate(run), steps=2)
-    >>> round(again.step_time / run.step_time, 4)
-    1.0
+    >>> round(again.step_time / run.step_time, 4), type(plan_again).__name__
+    (1.0, 'Plan')
     """
-    from offload_lab.model.spec import ModelSpec
-
     if not isinstance(run, Run):
         raise SimError(f"plan_of_run needs an offload_lab.Run, got {type(run).__name__}")
     df = run.layers.reset_index(drop=True)
@@ -54,18 +39,18 @@ def plan_of_run(run: Run, spec: Any = None) -> tuple[Any, Any]:
         spec = _spec_of_layers(run, df)
     elif not isinstance(spec, ModelSpec):
         raise SimError(f"spec {spec!r:.60} is not a ModelSpec; accepted: None or the run's model spec")
-    frame = df.assign(streamed=df["streamed"].astype(bool))
     prefetch = run.meta.get("prefetch", 1)
-    plan = _RunPlan(spec, frame, prefetch if isinstance(prefetch, (int, dict)) else 1,
-                    dict(run.meta.get("plan") or {}))
-    if run.meta.get("issue") in ISSUE_ORDERS:
-        plan.issue = run.meta["issue"]
+    issue = run.meta.get("issue")
+    # runs recorded before the issue option existed issued "before-compute"
+    plan = Plan.from_layers(spec, df, prefetch if isinstance(prefetch, (int, dict)) else 1,
+                            dict(run.meta.get("plan") or {}),
+                            issue if issue in ISSUE_ORDERS else "before-compute")
     return spec, plan
 
 
-def _spec_of_layers(run: Run, df: pd.DataFrame) -> Any:
+def _spec_of_layers(run: Run, df: pd.DataFrame) -> ModelSpec:
     """A spec with the run's layers and bytes (one tensor per layer, two with a checkpoint view)."""
-    from offload_lab.model.spec import GroupSpec, LayerSpec, ModelSpec, TensorSpec
+    from offload_lab.model.spec import GroupSpec, LayerSpec, TensorSpec
 
     groups = [g for g in (run.meta.get("groups") or []) if g in set(df["group"])] or \
         list(dict.fromkeys(df["group"].astype(str)))

@@ -17,10 +17,9 @@ import numpy as np
 import pandas as pd
 
 from offload_lab.errors import OffloadLabError
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.views.text import (
     split_labels,
-    strip_simulated,
     wrap,
 )
 
@@ -97,9 +96,7 @@ def run_name(run: Run, limit: int | None = None) -> str:
     >>> run_name(offload_lab.simulate(plan, offload_lab.DeviceProfile.load("h200"), steps=1, label="a"))
     'a (simulated)'
     """
-    label = run.label
-    suffix = " (simulated)" if run.simulated and "simulated" not in label.lower() else ""
-    return _lines(label + suffix, limit)
+    return _lines(display_label(run), limit)
 
 
 def run_names(runs: Sequence[Run], width: int = 30) -> tuple[str, list[str]]:
@@ -137,13 +134,13 @@ def _short(label: Any, limit: int = 60) -> str:
 
 
 def _title_label(run: Run, limit: int = 60) -> str:
-    # the title's SIMULATED tag says it once; "(simulated)" in the label would say it twice
-    return _short(strip_simulated(run.label) if run.simulated else run.label, limit)
+    # the stored label, without display_label's "(simulated)": the title's SIMULATED tag says it
+    return _short(run.label, limit)
 
 
 def _device(run: Run) -> str:
     """Where a run ran, once: ``h200`` for a simulation (the title says SIMULATED), ``x86_64 (cpu)``."""
-    name = str(run.meta.get("device_name") or "").replace("(simulated)", "").strip()
+    name = str(run.meta.get("device_name") or "").strip()
     if run.simulated:
         return esc(name or "simulator")
     return esc(f"{name} ({run.backend})" if name and run.backend not in name else (name or run.backend))

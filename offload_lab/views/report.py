@@ -211,8 +211,7 @@ class Report:
         return {
             "title": self.title, "runs": runs, "n_sim": sum(r.simulated for r in self.runs),
             "backends": ", ".join(sorted({r.backend for r in self.runs})),
-            "devices": ", ".join(sorted({str(r.meta.get("device_name")) for r in self.runs
-                                         if r.meta.get("device_name")})),
+            "devices": ", ".join(sorted({rd.device_text(r) for r in self.runs if r.meta.get("device_name")})),
             "plan": rd.plan_data(self.plan, viz.tier_color) if self.plan is not None else None,
             "rec": None if self.recommendation is None else _rec_data(self.recommendation, self.confirmation),
             "warnings": self.warnings, "notes": self.notes, "noisy_limit": f"{summary.NOISY_SPREAD:g}",

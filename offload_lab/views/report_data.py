@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from offload_lab.analysis import summary
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.views.tables import noise_note
 from offload_lab.views.text import (
     fmt_bytes,
@@ -85,11 +85,23 @@ def _profile_name(r: Run) -> str | None:
     return str(p.get("name")) if isinstance(p, dict) and p.get("name") else None
 
 
+def device_text(r: Run) -> str:
+    """Where a run ran, as the report shows it: a simulated run's device is a profile, marked so.
+
+    >>> import offload_lab
+    >>> p = offload_lab.plan(offload_lab.catalog.load("wan2.1-t2v-1.3b"), host="64GiB")
+    >>> device_text(offload_lab.simulate(p, "h200", steps=1))
+    'h200 (simulated)'
+    """
+    name = str(r.meta.get("device_name") or "–")
+    return f"{name} (simulated)" if r.simulated and name != "–" else name
+
+
 def _facts(r: Run, m: dict[str, Any]) -> list[dict[str, str]]:
     gb = ", ".join(f"{t} {v:.3g} GB/s" for t, v in m["gbps"].items()) or "no copies"
     spread = fmt_number(m["spread"], ".2f")
     return [
-        _row("backend", f"{r.backend} · {r.meta.get('device_name') or '–'}"),
+        _row("backend", f"{r.backend} · {device_text(r)}"),
         _row("tiers", m["tiers"]),
         _row("steps", f"{m['steps']} measured (warm-up dropped: {r.meta.get('warmup_dropped', 0)})"
                       + _calls_text(r)),
@@ -178,7 +190,8 @@ def run_rows(runs: list[Run], comparison: pd.DataFrame, metrics: list[dict[str, 
             "bound": fmt_seconds(c["bound_s"]), "vs_bound": fmt_number(c["vs_bound"], ".2f"),
             "ratio": fmt_ratio(c["ratio"]) if ratio_ok else "",
             "ratio_to": str(c["ratio_to"]) if ratio_ok else "",
-            "reference": ratio_ok and c["ratio_to"] == r.label and all(x.label != r.label for x in runs[:i]),
+            "reference": ratio_ok and c["ratio_to"] == display_label(r)
+            and all(x.label != r.label for x in runs[:i]),
             "ratio_note": str(c["ratio_note"] or ""),
             "note": "; ".join(x for x in (str(c["ratio_note"] or ""), noise and "noisy") if x),
             "noise": noise or "", "bound_text": _bound_text(m), "profile": _profile_name(r),
@@ -248,7 +261,7 @@ def _beside(r: Run, runs: list[Run]) -> list[dict[str, str]]:
         t = twins[0]
         sim, meas = (r, t) if r.simulated else (t, r)
         err = sim.step_time / meas.step_time - 1 if meas.step_time > 0 else math.nan
-        return [_row(what, f"{fmt_step(t.step_time, t.meta)} ({t.label}); predicted vs measured "
+        return [_row(what, f"{fmt_step(t.step_time, t.meta)} ({display_label(t)}); predicted vs measured "
                            f"{f'{err:+.1%}' if math.isfinite(err) else '–'}")]
     # the same plan elsewhere (another device, tokens or issue order): say why it is not a pair
     near = [(x, why(x)) for x in others if same_plan(x, r)]
@@ -256,7 +269,7 @@ def _beside(r: Run, runs: list[Run]) -> list[dict[str, str]]:
         return []
     x, reason = near[0]
     return [_row(what.replace("same plan", "not comparable"),
-                 f"{x.label}: {reason} — no predicted-vs-measured ratio (only between runs of the same "
+                 f"{display_label(x)}: {reason} — no predicted-vs-measured ratio (only between runs of the same "
                  f"device, model, token count and issue order)")]
 
 
@@ -273,7 +286,7 @@ def env_row(r: Run) -> list[str]:
     host = (f"available {_size(h.get('available'))} of {_size(h.get('total'))}"
             + (f", cgroup {_size(h['cgroup_limit'])}" if h.get("cgroup_limit") else "")
             + (f" ({h.get('source')})" if h.get("source") else "")) if h else "–"
-    return [str(r.backend), str(r.meta.get("device_name") or "–"), str(r.meta.get("torch_version") or "–"),
+    return [str(r.backend), device_text(r), str(r.meta.get("torch_version") or "–"),
             host, str(r.meta.get("created") or "–"), str(r.meta.get("model") or "–"),
             str(r.meta.get("prefetch", "–")), str(r.meta.get("init_strategy") or "–"),
             # runs recorded before the issue order was an option issued copies before compute

@@ -18,7 +18,7 @@ import pandas as pd
 
 from offload_lab.analysis.comparison import compare
 from offload_lab.analysis.summary import NOISY_SPREAD, is_noisy, step_spread
-from offload_lab.record.run import Run
+from offload_lab.record.run import Run, display_label
 from offload_lab.views.text import fmt_percent, fmt_ratio, fmt_seconds, with_part
 
 __all__ = ["comparison_frame", "noise_note", "order_labels"]
@@ -40,8 +40,9 @@ def order_labels(runs: Sequence[Run]) -> list[str]:
 
     orders = [issue_of(r) for r in runs]
     if len(set(orders)) < 2:
-        return [r.label for r in runs]
-    return [r.label if o in r.label else with_part(r.label, o) for r, o in zip(runs, orders)]
+        return [display_label(r) for r in runs]
+    return [display_label(r) if o in r.label else display_label(r, with_part(r.label, o))
+            for r, o in zip(runs, orders)]
 
 
 def noise_note(run: Run, limit: float = NOISY_SPREAD) -> str | None:

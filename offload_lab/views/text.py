@@ -22,7 +22,7 @@ from offload_lab.errors import OffloadLabError
 from offload_lab.units import format_bytes
 
 __all__ = ["TextError", "fmt_step", "step_band", "evidence_text", "fmt_bytes", "fmt_number", "fmt_percent", "fmt_ratio", "fmt_seconds",
-           "split_labels", "strip_simulated", "with_part", "text_table", "time_unit", "wrap"]
+           "split_labels", "with_part", "text_table", "time_unit", "wrap"]
 
 
 class TextError(OffloadLabError, ValueError):
@@ -154,24 +154,13 @@ def _parts(label: str) -> list[str]:
     return [p.strip() for p in _SEP.split(_SIM.sub(" ", str(label)).strip()) if p.strip()]
 
 
-def strip_simulated(label: Any) -> str:
-    """A label without its ``(simulated)`` / ``(sim)`` mark, for places that mark it themselves.
-
-    >>> strip_simulated("h200 · 40 pinned · prefetch 1 (simulated)")
-    'h200 · 40 pinned · prefetch 1'
-    """
-    return " ".join(_SIM.sub(" ", str(label)).split()) or str(label)
-
-
 def with_part(label: Any, part: str) -> str:
-    """``label`` with `` · part`` added, before its ``(simulated)`` mark when it has one.
+    """``label`` with `` · part`` added (labels never carry the simulated mark: views add it).
 
-    >>> with_part("h200 · 40 pageable (simulated)", "before-compute"), with_part("14B pageable p1", "before-compute")
-    ('h200 · 40 pageable · before-compute (simulated)', '14B pageable p1 · before-compute')
+    >>> with_part("14B pageable p1", "before-compute")
+    '14B pageable p1 · before-compute'
     """
-    bare = strip_simulated(label)
-    mark = " (simulated)" if bare != str(label) else ""
-    return f"{bare} · {part}{mark}"
+    return f"{label} · {part}"
 
 
 def split_labels(labels: Sequence[Any]) -> tuple[str, list[str]]:

@@ -35,7 +35,7 @@ True
 
 from __future__ import annotations
 
-from offload_lab.model.spec import spec_of
+from offload_lab.model.load import spec_of
 from offload_lab.model.synthetic.checkpoint import DEFAULT_SHARD_BYTES, load, save
 from offload_lab.model.synthetic.construct import build
 from offload_lab.model.synthetic.dims import ARCHS, H3Dims, SyntheticError, WanDims

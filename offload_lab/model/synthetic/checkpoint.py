@@ -17,6 +17,8 @@ from offload_lab.model.spec import ModelSpec
 from offload_lab.model.synthetic.construct import construct
 from offload_lab.model.synthetic.dims import ARCHS, SyntheticError, arch_of, dims_of
 from offload_lab.model.synthetic.weights import set_tensor
+from offload_lab.reading import open_binary
+from offload_lab.units import parse_size
 from offload_lab.writing import atomic_write
 
 DEFAULT_SHARD_BYTES = 4 * 2**30
@@ -77,8 +79,6 @@ def save(model: nn.Module, path: str | os.PathLike, shard_bytes: int | str = DEF
     >>> synthetic.save(m, d, shard_bytes="64KiB").name
     'model.safetensors.index.json'
     """
-    from offload_lab.units import parse_size
-
     if not isinstance(model, nn.Module):
         raise SyntheticError(f"save expects a torch.nn.Module, got {type(model).__name__}")
     limit = parse_size(shard_bytes, "shard_bytes")
@@ -162,8 +162,6 @@ def _tensors_of(h: Header, mmap: bool):
         # MAP_PRIVATE: pages stay file-backed until written; nothing is read here
         buf = torch.from_file(str(h.path), shared=False, size=h.data_start + max(
             t.end for t in h.tensors.values()), dtype=torch.uint8)
-    from offload_lab.reading import open_binary
-
     # checked again: the file read_header validated may have been swapped for a FIFO since
     with open_binary(h.path, "safetensors file", None) as fh:
         for name, e in h.tensors.items():

@@ -9,7 +9,7 @@ detected by content, decompressed incrementally) and the ``traceEvents`` array i
 event object at a time; only the fields the frames need are kept, in compact arrays. Where
 the file is laid out as torch writes it, the rows the import never uses (``cpu_op``, flow
 arrows, Python frames: most of a trace) are framed by the newlines between events but not
-decoded (:meth:`_Reader._array`); every row that is used is decoded and checked. A 1 M-event
+decoded (:meth:`Reader._array`); every row that is used is decoded and checked. A 1 M-event
 trace loads in a few seconds with memory bounded by the kernels and copies it holds
 (``benchmarks/trace_import.py``). The path must be a regular file (a FIFO or a device is
 refused unopened) of at most 16 GiB, holding at most 16 GiB of JSON once decompressed, no
@@ -92,22 +92,23 @@ from pathlib import Path
 from typing import Any
 
 from offload_lab.checks import is_int
-from offload_lab.record.kineto.build import NO_GROUP, NO_LAYER, _build
+from offload_lab.record.gather import merge_ranks
+from offload_lab.record.kineto.build import NO_GROUP, NO_LAYER, build_run
 from offload_lab.record.kineto.collect import (
     DEFAULT_LAYER_PATTERN,
     MODULE_PATTERN,
     UNNAMED_GROUP,
-    _collect,
-    _compile_patterns,
-    _Matcher,
+    Matcher,
+    collect_events,
+    compile_patterns,
 )
 from offload_lab.record.kineto.reader import (
+    Reader,
     TraceFormatError,
     TraceImportError,
-    _open,
-    _Reader,
-    _Text,
+    TraceText,
     iter_trace_events,
+    open_trace,
 )
 from offload_lab.record.run import Run
 
@@ -116,16 +117,16 @@ __all__ = ["from_torch_profiler", "iter_trace_events", "TraceImportError", "Trac
 
 
 def _import_file(path: Path, label: str | None, layer_pattern: Any, source: str | None = None) -> Run:
-    patterns, default = _compile_patterns(layer_pattern)
+    patterns, default = compile_patterns(layer_pattern)
     source = source or path.name
-    raw, gz = _open(path)
+    raw, gz = open_trace(path)
     with raw:
-        reader = _Reader(_Text(raw, source, gz), read_python_functions=not default)
-        module_match = _Matcher([re.compile(MODULE_PATTERN)]) if default else None
-        col = _collect(reader, source, _Matcher(patterns), module_match)
+        reader = Reader(TraceText(raw, source, gz), read_python_functions=not default)
+        module_match = Matcher([re.compile(MODULE_PATTERN)]) if default else None
+        col = collect_events(reader, source, Matcher(patterns), module_match)
     if label is None:
         label = path.name.removesuffix(".gz").removesuffix(".json") or path.name
-    return _build(col, reader, source, label, patterns, default)
+    return build_run(col, reader, source, label, patterns, default)
 
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -133,8 +134,6 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 
 def _import_dir(path: Path, label: str | None, layer_pattern: Any) -> Run:
     """One multi-rank Run from a directory of per-rank traces (rank from ``distributedInfo``)."""
-    from offload_lab.record.gather import merge_ranks
-
     files = sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     if not files:
         raise TraceImportError(f"directory {str(path)!r} holds no trace files; expected one "
@@ -200,7 +199,7 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
         raise TraceImportError(
             f"cannot import {type(trace_or_profiler).__name__} {trace_or_profiler!r:.80}: pass a path to "
             f"a chrome trace (.json or .json.gz) or a torch.profiler.profile object")
-    _compile_patterns(layer_pattern)  # a bad pattern fails before the export
+    compile_patterns(layer_pattern)  # a bad pattern fails before the export
     with tempfile.TemporaryDirectory(prefix="offload-lab-trace-") as tmp:
         path = Path(tmp) / "trace.json"
         try:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.record.kineto.collect import _CATS, _CPU_OP, _GPU_MEMSET, _Collected
-from offload_lab.record.kineto.reader import TraceFormatError, _Reader
+from offload_lab.record.kineto.collect import CATS, CPU_OP, GPU_MEMSET, Collected
+from offload_lab.record.kineto.reader import Reader, TraceFormatError
 from offload_lab.record.run import Run
 
 NO_GROUP = ""
@@ -107,7 +107,7 @@ def _by_lane(spans: list[tuple]) -> dict[int, list]:
 
 
 
-def _layer_spans(c: _Collected, default_patterns: bool) -> tuple[str, list, list]:
+def _layer_spans(c: Collected, default_patterns: bool) -> tuple[str, list, list]:
     """Which spans define the layers: ``(layer_source, cpu spans, gpu spans)``."""
     layer_source = "labels" if default_patterns else "layer_pattern"
     cpu_spans, gpu_spans = c.cpu_spans, c.gpu_spans
@@ -130,7 +130,7 @@ def _array(buf: Any, dtype: Any) -> np.ndarray:
 class _Trace:
     """What attribution needs: layer ids, span segments, launches by correlation id, step spans."""
 
-    def __init__(self, c: _Collected, cpu_spans: list, gpu_spans: list):
+    def __init__(self, c: Collected, cpu_spans: list, gpu_spans: list):
         self.t0 = c.t0
         self.layer_ids: dict[tuple[str, int], int] = {}
         for s in (*gpu_spans, *cpu_spans):
@@ -184,7 +184,7 @@ class _Trace:
         return np.where(ok, self.s_num[np.clip(i, 0, last)], -1)
 
 
-def _compute(tr: _Trace, c: _Collected, cpu_spans: list) -> tuple[pd.DataFrame, str]:
+def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[pd.DataFrame, str]:
     """Kernels -> one compute row per layer use and stream; without kernels, CPU annotations."""
     k_ts, k_dur = _array(c.k_ts, np.float64), _array(c.k_dur, np.float64)
     k_lane, k_corr = _array(c.k_lane, np.int32), _array(c.k_corr, np.int64)
@@ -212,7 +212,7 @@ def _compute(tr: _Trace, c: _Collected, cpu_spans: list) -> tuple[pd.DataFrame, 
     return compute, source
 
 
-def _copies(tr: _Trace, c: _Collected, compute: pd.DataFrame) -> dict[str, np.ndarray]:
+def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.ndarray]:
     """HtoD copies, each labelled with the step that uses it: its layer's first compute ending after it."""
     cp = c.copies
     out = {
@@ -241,7 +241,7 @@ def _copies(tr: _Trace, c: _Collected, compute: pd.DataFrame) -> dict[str, np.nd
     return out
 
 
-def _host_blocks(tr: _Trace, c: _Collected, cp: dict[str, np.ndarray]) -> list[tuple]:
+def _host_blocks(tr: _Trace, c: Collected, cp: dict[str, np.ndarray]) -> list[tuple]:
     """Host-side memcpy calls that blocked the thread: ``(step, layer_id, lane, start, end, tier, bytes)``."""
     copy_by_corr = {int(x): k for k, x in enumerate(cp["corr"]) if x >= 0}
     hb, unmatched = [], []
@@ -349,7 +349,7 @@ def _bounds(tr: _Trace, events: pd.DataFrame) -> pd.DataFrame:
     return b
 
 
-def _nothing_to_show(c: _Collected, reader: _Reader, name: str) -> TraceFormatError:
+def _nothing_to_show(c: Collected, reader: Reader, name: str) -> TraceFormatError:
     """Why a trace gives no layer and no GPU row, and how to record one that does."""
     top = ", ".join(f"{k} ×{v:,}" for k, v in sorted(c.by_cat.items(), key=lambda kv: -kv[1])[:4] if v)
     complete = sum(v for v in c.by_cat.values() if v > 0)
@@ -366,7 +366,7 @@ def _nothing_to_show(c: _Collected, reader: _Reader, name: str) -> TraceFormatEr
         f"'offload_lab.copy <group>.<i>'")
 
 
-def _build(c: _Collected, reader: _Reader, source: str, label: str, patterns: list[re.Pattern],
+def build_run(c: Collected, reader: Reader, source: str, label: str, patterns: list[re.Pattern],
            default_patterns: bool) -> Run:
     name = source
     if c.t0 == float("inf"):
@@ -397,7 +397,7 @@ def _first_seen(keys: list[tuple[str, int]], lid: int) -> int:
     return next(i for i, k in enumerate(keys) if k[0] == g)
 
 
-def _meta(c: _Collected, reader: _Reader, source: str, label: str, run_id: str,
+def _meta(c: Collected, reader: Reader, source: str, label: str, run_id: str,
           patterns: list[re.Pattern], layer_source: str, compute_source: str, mixed: list[str],
           outside: dict[str, int], unused: dict[str, int], n_steps: int) -> dict[str, Any]:
     h = reader.header
@@ -436,9 +436,9 @@ def _meta(c: _Collected, reader: _Reader, source: str, label: str, run_id: str,
     }
     skipped = {
         "memcpy_not_htod": {d: {"count": v[0], "bytes": v[1]} for d, v in sorted(c.other_copies.items())},
-        "memset": sum(v for k, v in c.by_cat.items() if _CATS.get(k) == _GPU_MEMSET),
-        "cpu_ops": sum(v for k, v in c.by_cat.items() if _CATS.get(k) == _CPU_OP),
-        "other_categories": {k: v for k, v in c.by_cat.items() if k not in _CATS},
+        "memset": sum(v for k, v in c.by_cat.items() if CATS.get(k) == GPU_MEMSET),
+        "cpu_ops": sum(v for k, v in c.by_cat.items() if CATS.get(k) == CPU_OP),
+        "other_categories": {k: v for k, v in c.by_cat.items() if k not in CATS},
         "not_complete_events": dict(c.by_ph),
         "negative_dur": c.negative_dur,
         "non_finite_or_absurd_times": c.bad_times,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from offload_lab.record.kineto.reader import TraceFormatError, TraceImportError, _Reader
+from offload_lab.record.kineto.reader import Reader, TraceFormatError, TraceImportError
 from offload_lab.record.schema import MAX_INDEX as FRAME_MAX_INDEX
 
 #: the group of layers matched by a ``layer_pattern`` without a (non-empty) ``group`` group
@@ -24,22 +24,22 @@ _MEMCPY = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 # category -> handler code; Kineto's spellings across torch versions
-_GPU_KERNEL, _GPU_MEMCPY, _GPU_MEMSET, _GPU_ANN, _CPU_ANN, _PY_FN, _RUNTIME, _CPU_OP = range(8)
-_CATS = {
+_GPU_KERNEL, _GPU_MEMCPY, GPU_MEMSET, _GPU_ANN, _CPU_ANN, _PY_FN, _RUNTIME, CPU_OP = range(8)
+CATS = {
     "kernel": _GPU_KERNEL, "Kernel": _GPU_KERNEL,
     "gpu_memcpy": _GPU_MEMCPY, "Memcpy": _GPU_MEMCPY,
-    "gpu_memset": _GPU_MEMSET, "Memset": _GPU_MEMSET,
+    "gpu_memset": GPU_MEMSET, "Memset": GPU_MEMSET,
     "gpu_user_annotation": _GPU_ANN,
     "user_annotation": _CPU_ANN,
     "python_function": _PY_FN,
     "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
-    "cpu_op": _CPU_OP, "Operator": _CPU_OP,
+    "cpu_op": CPU_OP, "Operator": CPU_OP,
 }
 
 
 
 
-class _Matcher:
+class Matcher:
     """Annotation name -> (group, layer) or None, cached (names repeat every step)."""
 
     def __init__(self, patterns: Sequence[re.Pattern]):
@@ -64,7 +64,7 @@ class _Matcher:
         return hit
 
 
-def _compile_patterns(layer_pattern: Any) -> tuple[list[re.Pattern], bool]:
+def compile_patterns(layer_pattern: Any) -> tuple[list[re.Pattern], bool]:
     """Returns the patterns and whether they are the default (which enables the nn.Module fallback)."""
     if layer_pattern is None:
         return [re.compile(DEFAULT_LAYER_PATTERN)], True
@@ -113,7 +113,7 @@ def _args(ev: dict, here: Callable[[], int], name: str) -> dict:
     return a
 
 
-class _Collected:
+class Collected:
     """Compact columns of the rows that matter, in raw trace microseconds."""
 
     def __init__(self) -> None:
@@ -150,7 +150,7 @@ MAX_INDEX = 1 << 53    # correlation ids
 MAX_STEP = FRAME_MAX_INDEX  # step numbers and layer indices: what the frames accept (10^9)
 
 
-def _step_span(c: _Collected, nm: str, ts: float, dur: float) -> None:
+def _step_span(c: Collected, nm: str, ts: float, dur: float) -> None:
     ms = _STEP.match(nm)
     if ms:
         n = int(ms.group(1))
@@ -167,7 +167,7 @@ def _step_span(c: _Collected, nm: str, ts: float, dur: float) -> None:
 class _Lanes:
     """(pid, tid-or-stream, is_gpu) -> a small integer lane id."""
 
-    def __init__(self, c: _Collected, name: str, here: Callable[[], int]):
+    def __init__(self, c: Collected, name: str, here: Callable[[], int]):
         self.lanes, self.keys, self.name, self.here = c.lanes, c.lane_keys, name, here
 
     def __call__(self, pid: Any, tid: Any, gpu: bool) -> int:
@@ -189,7 +189,7 @@ def _corr(args: dict) -> int:
     return corr if type(corr) is int and -1 <= corr < MAX_INDEX else -1
 
 
-def _header(ev: Any, c: _Collected, here: Callable[[], int], name: str) -> tuple[float, float, Any] | None:
+def _header(ev: Any, c: Collected, here: Callable[[], int], name: str) -> tuple[float, float, Any] | None:
     """``(ts, dur, cat)`` of a complete event worth reading, else None (counted where skipped)."""
     if type(ev) is not dict:
         raise TraceFormatError(f"{name}: event {here()} is {type(ev).__name__} {ev!r:.60}; expected "
@@ -229,8 +229,8 @@ def _header(ev: Any, c: _Collected, here: Callable[[], int], name: str) -> tuple
     return ts, dur, cat
 
 
-def _named_row(c: _Collected, ev: dict, kind: int, cat: Any, ts: float, dur: float, lane_of: _Lanes,
-               match: _Matcher, module_match: _Matcher | None) -> None:
+def _named_row(c: Collected, ev: dict, kind: int, cat: Any, ts: float, dur: float, lane_of: _Lanes,
+               match: Matcher, module_match: Matcher | None) -> None:
     """Copies, annotations and python frames: the rows read by name."""
     here, name = lane_of.here, lane_of.name
     nm = ev.get("name")
@@ -268,7 +268,7 @@ def _named_row(c: _Collected, ev: dict, kind: int, cat: Any, ts: float, dur: flo
         c.cpu_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
 
 
-def _memcpy(c: _Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _Lanes) -> None:
+def _memcpy(c: Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _Lanes) -> None:
     args = _args(ev, lane_of.here, lane_of.name)
     m = _MEMCPY.match(nm)
     direction = m.group(1) if m else nm
@@ -293,14 +293,14 @@ def _memcpy(c: _Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _L
     c.copies.append((ts, dur, lane, _corr(args), nbytes, tier))
 
 
-def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher | None) -> _Collected:
+def collect_events(reader: Reader, name: str, match: Matcher, module_match: Matcher | None) -> Collected:
     # The per-event loop of the import (millions of rows): the two hot categories (kernels and
     # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
-    c = _Collected()
+    c = Collected()
     lanes = c.lanes
     k_ts, k_dur, k_lane, k_corr = c.k_ts.append, c.k_dur.append, c.k_lane.append, c.k_corr.append
     r_corr, r_ts, r_lane = c.r_corr.append, c.r_ts.append, c.r_lane.append
-    by_cat, cats = c.by_cat, _CATS
+    by_cat, cats = c.by_cat, CATS
     t0, t1 = c.t0, c.t1
     j = 0
 
@@ -316,7 +316,7 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
                 continue
             ts, dur, cat = head
             kind = cats.get(cat)
-            if kind != _CPU_OP and kind != _PY_FN:
+            if kind != CPU_OP and kind != _PY_FN:
                 # the origin and the end of the trace come from the rows that are always decoded,
                 # so that both ways of reading a file give the same times
                 if ts < t0:
@@ -325,7 +325,7 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
                     t1 = ts + dur
             if kind is None:
                 continue
-            if kind == _CPU_OP:
+            if kind == CPU_OP:
                 # torch < 1.11 wrote ProfilerStep#N as a cpu_op
                 nm = ev.get("name")
                 if type(nm) is str and nm.startswith("ProfilerStep#"):
@@ -377,7 +377,7 @@ def _collect(reader: _Reader, name: str, match: _Matcher, module_match: _Matcher
     return c
 
 
-def _count_devices(c: _Collected) -> None:
+def _count_devices(c: Collected) -> None:
     """Rows per device, from the GPU lanes of kernels and copies."""
     lane_keys = c.lane_keys
     per_lane = np.bincount(np.frombuffer(c.k_lane, dtype=np.int32), minlength=len(lane_keys)) \

@@ -44,7 +44,7 @@ class TraceFormatError(TraceImportError):
 
 
 
-class _Text:
+class TraceText:
     """Decoded text of a (possibly gzipped) file, read chunk by chunk, with byte offsets."""
 
     def __init__(self, fh: Any, name: str, gz: bool):
@@ -95,14 +95,14 @@ class _Text:
         return f"byte {self.offset(pos)}" + (" of the decompressed stream" if self.gz else "")
 
 
-class _Reader:
+class Reader:
     """Walks the top level of a chrome trace; :meth:`events` yields batches of its events."""
 
     # top-level keys whose (small) values are kept for meta
     KEEP = ("schemaVersion", "deviceProperties", "distributedInfo", "traceName", "displayTimeUnit",
             "baseTimeNanoseconds")
 
-    def __init__(self, text: _Text, read_python_functions: bool = True, decode_all: bool = False):
+    def __init__(self, text: TraceText, read_python_functions: bool = True, decode_all: bool = False):
         self.t = text
         self.decode_all = decode_all
         self.pos = 0
@@ -459,7 +459,7 @@ class _Gunzip:
         self.fh.close()
 
 
-def _open(path: Path) -> tuple[Any, bool]:
+def open_trace(path: Path) -> tuple[Any, bool]:
     """The trace file opened (a regular file of at most MAX_TRACE_BYTES: never a FIFO or a
     device), through a gunzip when its content is gzip."""
     try:
@@ -486,9 +486,9 @@ def iter_trace_events(path: str | os.PathLike) -> Iterator[dict]:
     1408
     """
     path = Path(path)
-    raw, gz = _open(path)
+    raw, gz = open_trace(path)
     with raw:
-        reader = _Reader(_Text(raw, path.name, gz), decode_all=True)
+        reader = Reader(TraceText(raw, path.name, gz), decode_all=True)
         for pairs, _, _ in reader.events():
             for ev, _ in pairs:
                 yield ev

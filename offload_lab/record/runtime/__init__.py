@@ -11,20 +11,26 @@ import torch
 from torch import nn
 
 from offload_lab.checks import check_bool, check_int
+from offload_lab.model.pipeline import is_pipeline
+from offload_lab.planning.pipeline import PipelinePlan
+from offload_lab.record.gather import gather as gather_runs
 from offload_lab.record.run import Run
 from offload_lab.record.runtime.backends import ISSUE_ORDERS
 from offload_lab.record.runtime.manager import (
     BACKENDS,
     INIT_STRATEGIES,
+    LayerHooks,
     OffloadError,
     OffloadManager,
 )
+from offload_lab.record.runtime.options import OffloadOptions, resolve_options
+from offload_lab.record.runtime.pipeline import PipelineManager
 
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
 
-__all__ = ["OffloadManager", "OffloadError", "offload", "profile", "cpu_threads", "BACKENDS", "INIT_STRATEGIES",
-           "ISSUE_ORDERS"]
+__all__ = ["OffloadManager", "OffloadError", "OffloadOptions", "LayerHooks", "offload", "profile", "cpu_threads",
+           "BACKENDS", "INIT_STRATEGIES", "ISSUE_ORDERS"]
 
 
 def _cores() -> int:
@@ -72,7 +78,7 @@ def cpu_threads(backend: str = "cpu") -> Iterator[int]:
 def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
             init: str = "grouped", label: str | None = None,
             record_memory: bool = True, scheduler: Any = "auto", issue: str = "after-compute",
-            stage_threads: int = 1) -> Iterator[OffloadManager]:
+            stage_threads: int = 1, options: OffloadOptions | None = None) -> Iterator[OffloadManager]:
     """Run ``model`` under ``plan`` inside the block; leaving it restores the model exactly.
 
     ``model`` may be a diffusers pipeline with a :class:`~offload_lab.planning.pipeline.PipelinePlan`
@@ -87,7 +93,12 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
     running block's kernels; the copy stream waits only for the compute that last read the
     buffer it fills) or ``"before-compute"`` (from the pre-hook, after the copy stream waits
     for all queued compute: what other runtimes do). ``stage_threads`` threads share each
-    ``staged`` layer's host memcpy into its pinned staging buffer.
+    ``staged`` layer's host memcpy into its pinned staging buffer. ``options`` is all of these
+    as one :class:`~offload_lab.record.runtime.options.OffloadOptions` (then leave the keywords out).
+
+    Leaving gives every parameter and buffer its original tensor back (same storage, offset,
+    strides, values, dtype, device, ``requires_grad``). Calls from several threads are served
+    one at a time; a backward through an offloaded layer raises :class:`OffloadError`.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
@@ -101,36 +112,32 @@ def offload(model: nn.Module, plan: Plan, backend: str = "auto", device: torch.d
     >>> m.run.steps["bytes_moved"].tolist() == [plan.layers["bytes"].sum()] * 2
     True
     """
-    manager = _manager(model, plan, backend=backend, device=device, init=init, label=label,
-                       record_memory=record_memory, scheduler=scheduler, issue=issue,
-                       stage_threads=stage_threads)
+    opts = resolve_options(options, backend=backend, device=device, init=init, label=label,
+                           record_memory=record_memory, scheduler=scheduler, issue=issue,
+                           stage_threads=stage_threads)
+    manager = _manager(model, plan, opts)
     with manager:
         yield manager
 
 
-def _manager(model: Any, plan: Any, **kwargs: Any) -> OffloadManager:
+def _manager(model: Any, plan: Any, options: OffloadOptions) -> OffloadManager:
     """The manager for a module and a Plan, or for a diffusers pipeline and a PipelinePlan."""
-    from offload_lab.model.pipeline import is_pipeline
-    from offload_lab.planning.pipeline import PipelinePlan
-
     if is_pipeline(model) or isinstance(plan, PipelinePlan):
-        from offload_lab.record.runtime.pipeline import PipelineManager
-
         if not is_pipeline(model):
             raise OffloadError(f"a PipelinePlan needs the diffusers pipeline it was made for, got "
                                f"{type(model).__name__}; for one component pass plan[name]")
         if not isinstance(plan, PipelinePlan):
             raise OffloadError(f"a pipeline needs a PipelinePlan (plan_pipeline(spec_of(pipe))), got "
                                f"{type(plan).__name__}; to offload one component pass pipe.<component>")
-        return PipelineManager(model, plan, **kwargs)
-    return OffloadManager(model, plan, **kwargs)
+        return PipelineManager(model, plan, options=options)
+    return OffloadManager(model, plan, options=options)
 
 
 def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3, warmup: int = 1,
             backend: str = "auto", device: torch.device | str | None = None, init: str = "grouped",
             label: str | None = None, progress: Callable[[int, int], None] | None = None,
             requests: int = 1, gather: bool = False, issue: str = "after-compute",
-            stage_threads: int = 1) -> Run | None:
+            stage_threads: int = 1, options: OffloadOptions | None = None) -> Run | None:
     """Call ``fn()`` once per step under the plan and return the measured :class:`Run`.
 
     The first ``warmup`` steps are run but dropped from the frames (``meta['warmup_dropped']``).
@@ -144,8 +151,9 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
     ``fn()`` is one request (``lambda: pipe(**kw)``): it is called ``warmup`` times to warm up,
     then ``requests`` times; the steps are the pipeline's own (one per ``scheduler.step``), those
     of the warm-up requests dropped; ``steps`` is not used. ``progress`` counts requests.
-    ``issue`` and ``stage_threads`` are :func:`offload`'s. On the cpu backend torch's threads
-    are sized for the duration of the call (:func:`cpu_threads`) and restored after.
+    ``backend``, ``device``, ``init``, ``label``, ``issue`` and ``stage_threads`` (or ``options``)
+    are :func:`offload`'s. On the cpu backend torch's threads are sized for the duration of the
+    call (:func:`cpu_threads`) and restored after.
 
     >>> import offload_lab
     >>> from offload_lab import synthetic
@@ -161,34 +169,26 @@ def profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int = 3,
     if not callable(fn):
         raise OffloadError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
     check_bool("gather", gather, error=OffloadError)
-    args = (model, fn, plan, steps, warmup, backend, device, init, label, progress, requests, issue,
-            stage_threads)
+    opts = resolve_options(options, backend=backend, device=device, init=init, label=label, issue=issue,
+                           stage_threads=stage_threads)
     if not gather:
-        with cpu_threads(backend):
-            return _profile(*args)
-    from offload_lab.record.gather import gather as _gather
-
+        with cpu_threads(opts.backend):
+            return _profile(model, fn, plan, steps, warmup, progress, requests, opts)
     try:
-        with cpu_threads(backend):
-            run = _profile(*args)
+        with cpu_threads(opts.backend):
+            run = _profile(model, fn, plan, steps, warmup, progress, requests, opts)
     except BaseException as e:
-        _gather(None, failed=e)  # tell the other ranks before raising here
+        gather_runs(None, failed=e)  # tell the other ranks before raising here
         raise
-    return _gather(run)
+    return gather_runs(run)
 
 
-def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, warmup: int, backend: str,
-             device: Any, init: str, label: str | None, progress: Callable[[int, int], None] | None,
-             requests: int, issue: str, stage_threads: int) -> Run:
-    from offload_lab.model.pipeline import is_pipeline
-
+def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, warmup: int,
+             progress: Callable[[int, int], None] | None, requests: int, options: OffloadOptions) -> Run:
     if is_pipeline(model):
-        return _profile_requests(model, fn, plan, requests, warmup, progress, backend=backend,
-                                 device=device, init=init, label=label, issue=issue,
-                                 stage_threads=stage_threads)
+        return _profile_requests(model, fn, plan, requests, warmup, progress, options)
     total = steps + warmup
-    with offload(model, plan, backend=backend, device=device, init=init, label=label, issue=issue,
-                 stage_threads=stage_threads) as m:
+    with offload(model, plan, options=options) as m:
         with torch.no_grad():
             for k in range(total):
                 with m.step():
@@ -199,11 +199,11 @@ def _profile(model: nn.Module, fn: Callable[[], Any], plan: Plan, steps: int, wa
 
 
 def _profile_requests(pipe: Any, fn: Callable[[], Any], plan: Any, requests: int, warmup: int,
-                      progress: Callable[[int, int], None] | None, **kwargs: Any) -> Run:
+                      progress: Callable[[int, int], None] | None, options: OffloadOptions) -> Run:
     """:func:`profile` of a pipeline: whole requests, steps from the pipeline's scheduler."""
     check_int("requests", requests, minimum=1, error=OffloadError)
     total = requests + warmup
-    with offload(pipe, plan, **kwargs) as m:
+    with offload(pipe, plan, options=options) as m:
         dropped = 0
         with torch.no_grad():
             for k in range(total):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,27 +16,68 @@ import torch
 from torch import nn
 
 from offload_lab import vocabulary
-from offload_lab.analysis.summary import tier_summary
-from offload_lab.checks import check_choice, check_int
-from offload_lab.errors import OffloadLabError
 from offload_lab.planning.hostmem import file_backed_checker, process_memory
 from offload_lab.record.recorder import Recorder, resolve_device
 from offload_lab.record.runtime.backends import ISSUE_ORDERS, CopyTicket, CpuBackend, CudaBackend
+from offload_lab.record.runtime.options import (
+    MAX_STAGE_THREADS,
+    OffloadError,
+    OffloadOptions,
+    plan_label,
+    resolve_options,
+)
 from offload_lab.record.runtime.staging import StagingPool, staging_size
 from offload_lab.record.runtime.stores import LayerStore
 
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
 
-_ACTIVE: weakref.WeakSet = weakref.WeakSet()
+#: the models (and pipeline components) under a manager right now
+ACTIVE: weakref.WeakSet = weakref.WeakSet()
+_ACTIVE = ACTIVE  # the name older callers import
 INIT_STRATEGIES = vocabulary.INIT_STRATEGIES
 MEMORY_SAMPLE_S = 0.002
 BACKENDS = vocabulary.BACKENDS
-MAX_STAGE_THREADS = 64
+__all__ = ["ACTIVE", "BACKENDS", "INIT_STRATEGIES", "ISSUE_ORDERS", "MAX_STAGE_THREADS", "MEMORY_SAMPLE_S",
+           "CallGate", "LayerHooks", "OffloadError", "OffloadManager", "OffloadOptions"]
+#: seconds restore waits for another thread's forward to finish before it restores anyway
+GATE_WAIT_S = 60.0
 
 
-class OffloadError(OffloadLabError, ValueError):
-    """A model, plan or backend the manager cannot work with."""
+class CallGate:
+    """One caller at a time: a second thread's forward waits until the first one has returned.
+
+    Streaming keeps per-group state (the copies in flight, the layer bound right now) that two
+    interleaved forwards would corrupt, so calls of an offloaded model are serialized; a thread
+    inside a forward may re-enter (nested roots, a component calling another).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = threading.local()
+
+    def enter(self, module: nn.Module | None = None, args: Any = None) -> None:
+        self._lock.acquire()
+        self._depth.n = getattr(self._depth, "n", 0) + 1
+
+    def leave(self, module: nn.Module | None = None, args: Any = None, *rest: Any) -> None:
+        n = getattr(self._depth, "n", 0)
+        if n:  # this thread's enter went through (an interrupt may have cut it short)
+            self._depth.n = n - 1
+            self._lock.release()
+
+    def release_all(self) -> None:
+        """Let go of every level this thread holds: a forward cut short by an interrupt never
+        runs its post-hooks (torch runs ``always_call`` hooks on an ``Exception`` only)."""
+        while getattr(self._depth, "n", 0):
+            self._depth.n -= 1
+            self._lock.release()
+
+    def acquire(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._lock.release()
 
 
 @dataclass
@@ -76,22 +120,26 @@ class OffloadManager(Recorder):
 
     def __init__(self, model: nn.Module, plan: Plan, backend: str = "auto", device: torch.device | str | None = None,
                  init: str = "grouped", label: str | None = None, record_memory: bool = True,
-                 scheduler: Any = "auto", issue: str = "after-compute", stage_threads: int = 1):
+                 scheduler: Any = "auto", issue: str = "after-compute", stage_threads: int = 1,
+                 options: OffloadOptions | None = None):
         if not isinstance(model, nn.Module):
             raise OffloadError(f"offload expects a torch.nn.Module, got {type(model).__name__}")
-        if model in _ACTIVE:
+        if model in ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
-        check_choice("init", init, INIT_STRATEGIES, error=OffloadError)
-        check_choice("issue", issue, ISSUE_ORDERS, error=OffloadError)
-        check_int("stage_threads", stage_threads, minimum=1, maximum=MAX_STAGE_THREADS, error=OffloadError)
-        backend, device = resolve_device(backend, device, BACKENDS, OffloadError)
+        opts = resolve_options(options, backend=backend, device=device, init=init, label=label,
+                               record_memory=record_memory, scheduler=scheduler, issue=issue,
+                               stage_threads=stage_threads)
+        backend, device = resolve_device(opts.backend, opts.device, BACKENDS, OffloadError)
         super().__init__()
+        self.options = opts
         self.model, self.plan, self.device = model, plan, device
-        self.backend_name, self.init_strategy = backend, init
-        self.label = label
-        self.record_memory = record_memory
-        self._scheduler_target = scheduler
-        self.issue_order, self.stage_threads = issue, stage_threads
+        self.backend_name, self.init_strategy = backend, opts.init
+        self.label = opts.label
+        self.record_memory = opts.record_memory
+        self._scheduler_target = opts.scheduler
+        self.issue_order, self.stage_threads = opts.issue, opts.stage_threads
+        self._gate = CallGate()
+        self._backward_refused = False
         self._stage_pool: Any = None  # threads sharing one staging memcpy (stage_threads > 1)
         self._groups = self._check_plan(model, plan)
         self._stores: dict[tuple[str, int], LayerStore] = {}
@@ -108,6 +156,7 @@ class OffloadManager(Recorder):
     def _check_plan(model: nn.Module, plan: Plan) -> list[_Group]:
         spec = plan.spec
         mods = dict(model.named_modules())
+        _refuse_meta(model)
         groups = []
         for g in spec.groups:
             blocks = mods.get(g.name)
@@ -115,10 +164,15 @@ class OffloadManager(Recorder):
                 raise OffloadError(
                     f"plan group {g.name!r} is not an nn.ModuleList of this model; its groups: "
                     f"{[n for n, m in mods.items() if isinstance(m, nn.ModuleList) and len(m) > 1]}")
+            _refuse_containers(g.name, blocks)
             if len(blocks) != g.num_layers:
                 raise OffloadError(
                     f"plan group {g.name!r} has {g.num_layers} layers but the model's has {len(blocks)}: "
                     f"the plan was made for another model (build it from spec_of(model))")
+            groups.append(_Group(g.name, blocks, []))
+        _refuse_shared(groups)
+        for grp, g in zip(groups, spec.groups, strict=True):
+            blocks = grp.blocks
             for layer in g.layers:
                 nbytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in blocks[layer.index].parameters()}.values())
                 if nbytes != layer.bytes:
@@ -126,19 +180,8 @@ class OffloadManager(Recorder):
                         f"layer {layer.name} has {nbytes} bytes in the model but {layer.bytes} in the plan's "
                         f"spec {spec.name!r}: the plan was made for another model")
             pl = plan.layers[plan.layers["group"] == g.name]
-            streamed = [int(i) for i in pl[pl["streamed"]]["layer"].sort_values()]
-            grp = _Group(g.name, blocks, streamed)
-            grp.pos = {i: k for k, i in enumerate(streamed)}
-            groups.append(grp)
-        owners: dict[int, str] = {}
-        for grp in groups:
-            for i, block in enumerate(grp.blocks):
-                for p in block.parameters():
-                    where = f"{grp.name}.{i}"
-                    if owners.setdefault(id(p), where) != where:
-                        raise OffloadError(
-                            f"a parameter is shared by {owners[id(p)]} and {where}; a layer's weights must "
-                            f"be its own to be offloaded (make the shared tensor non-layer)")
+            grp.streamed = [int(i) for i in pl[pl["streamed"]]["layer"].sort_values()]
+            grp.pos = {i: k for k, i in enumerate(grp.streamed)}
         return groups
 
     def _tier(self, group: str, layer: int) -> str:
@@ -154,9 +197,36 @@ class OffloadManager(Recorder):
         return super().__enter__()
 
     def _claim(self) -> None:
-        if self.model in _ACTIVE:
+        if self.model in ACTIVE:
             raise OffloadError("this model is already under an offload manager; leave that one first")
-        _ACTIVE.add(self.model)
+        ACTIVE.add(self.model)
+        # a manager entered and never left is restored before the interpreter tears torch down
+        atexit.register(self._restore_at_exit)
+
+    def _restore_at_exit(self) -> None:
+        if self._entered:
+            try:
+                self._restore()
+            except BaseException:  # noqa: BLE001 - the process is ending: nothing to report to
+                pass
+
+    def _watch_calls(self) -> None:
+        super()._watch_calls()
+        # the gate is the outermost hook of each call root: a waiting thread is not yet recorded
+        for mods in self._call_roots().values():
+            for m in mods:
+                self._call_hooks.append(m.register_forward_pre_hook(self._gate.enter, prepend=True))
+                self._call_hooks.append(m.register_forward_hook(self._gate.leave, always_call=True))
+
+    def _restore(self) -> None:
+        # wait for another thread's forward in flight, so nothing is restored under it
+        held = self._gate.acquire(GATE_WAIT_S)
+        try:
+            super()._restore()
+        finally:
+            if held:
+                self._gate.release()
+            self._gate.release_all()
 
     def _start(self) -> None:
         mem0 = process_memory()
@@ -199,7 +269,7 @@ class OffloadManager(Recorder):
         if self.backend_name == "cuda":
             self._meta["cuda"] = {"capability": list(torch.cuda.get_device_capability(self.device)),
                                   "total_memory": torch.cuda.get_device_properties(self.device).total_memory}
-        self._meta["label"] = self.label or f"{tier_summary(self.plan.layers)}, prefetch {self.plan.prefetch}"
+        self._meta["label"] = self.label or plan_label(self.plan.layers, self.plan.prefetch)
         self._install_hooks()
         self._sample_memory(force=True)
 
@@ -216,7 +286,12 @@ class OffloadManager(Recorder):
 
         def close_backend() -> None:
             if self._backend is not None:
-                self._backend.close()
+                # close joins every copy and stager thread (with a timeout); a thread an
+                # interrupt started while close ran is joined by a second pass
+                for _ in range(3):
+                    self._backend.close()
+                    if not self._backend.threads_alive():
+                        break
 
         def free_staging() -> None:
             for g in self._groups:
@@ -251,8 +326,9 @@ class OffloadManager(Recorder):
 
         def release() -> None:
             if self._entered:
-                _ACTIVE.discard(self.model)
+                ACTIVE.discard(self.model)
                 self._entered = False
+            atexit.unregister(self._restore_at_exit)
             if self.backend_name == "cuda" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
@@ -300,11 +376,6 @@ class OffloadManager(Recorder):
         pin = self.backend_name == "cuda"
         file_backed = file_backed_checker()
 
-        def keep(t: torch.Tensor) -> bool:
-            # file views cost nothing to keep; anonymous or device originals are replaced by
-            # the store (restore views or copies it back), so the model is not held twice
-            return t.device.type == "cpu" and file_backed(t)
-
         for i, block in enumerate(g.blocks):
             tier = self._tier(g.name, i)
             store = LayerStore.from_module(g.name, i, block, tier)
@@ -320,14 +391,14 @@ class OffloadManager(Recorder):
                 # a pin granted to a resident layer's host copy is honoured: that copy is packed
                 # (and page-locked on cuda), so the plan's pinned bytes are what is really locked
                 granted = self._pin_rank(g.name, i) is not None
-                store.host_fill(pin=pin and granted, keep_original=keep if granted else (lambda t: True))
+                store.host_fill(pin=pin and granted, file_backed=file_backed)
                 bufs = store.alloc_device(self.device)
                 store.copy_into(bufs, non_blocking=False)
                 store.bind(bufs)
                 self._resident_bufs[(g.name, i)] = bufs
                 self._ledger(store.nbytes)
             else:
-                store.host_fill(pin=pin and tier == "pinned", keep_original=keep)
+                store.host_fill(pin=pin and tier == "pinned", file_backed=file_backed)
                 store.unbind({dt: self._placeholder(dt) for dt in store.sizes()})
 
     def _init(self) -> None:
@@ -358,8 +429,6 @@ class OffloadManager(Recorder):
             count = int((planned.get(g.name) or {}).get("buffers", count)) or count
             g.pool = StagingPool(g.name, count, nbytes, pin=self.backend_name == "cuda")
         if self.stage_threads > 1 and any(g.pool for g in self._groups):
-            from concurrent.futures import ThreadPoolExecutor
-
             self._stage_pool = ThreadPoolExecutor(self.stage_threads, thread_name_prefix="offload-lab-memcpy")
 
     def _blocks_host(self, g: _Group, i: int) -> bool:
@@ -427,58 +496,25 @@ class OffloadManager(Recorder):
     def _install_hooks(self) -> None:
         for g in self._groups:
             for i, block in enumerate(g.blocks):
-                pre, post = self._make_hooks(g, i)
-                self._hooks.append(block.register_forward_pre_hook(pre))
-                self._hooks.append(block.register_forward_hook(post))
+                hooks = self._make_hooks(g, i)
+                self._hooks.append(block.register_forward_pre_hook(hooks.pre_forward))
+                self._hooks.append(block.register_forward_hook(hooks.post_forward))
 
-    def _make_hooks(self, g: _Group, i: int) -> tuple[Callable, Callable]:
-        streamed = i in g.pos
-        tier = self._tier(g.name, i)
-        store = self._stores[(g.name, i)]
-        nbytes = store.nbytes
-        open_recs: list[dict] = []
+    def _make_hooks(self, g: _Group, i: int) -> LayerHooks:
+        return LayerHooks(self, g, i)
 
-        def pre(module, args):
-            rec = {"group": g.name, "layer": i, "tier": tier, "bytes": nbytes, "stamp": self._stamp()}
-            if streamed:
-                ticket = g.in_flight.pop(i, None)
-                if ticket is None:  # not prefetched (prefetch 0, or a layer run out of order)
-                    if i in g.pending:
-                        g.pending.remove(i)
-                    self._issue(g, i)
-                    ticket = g.in_flight.pop(i)
-                k, n = g.pos[i], len(g.streamed)
-                defer = self.issue_order == "after-compute"
-                for d in range(1, self._depth(g) + 1):
-                    j = g.streamed[(k + d) % n]
-                    if j not in g.in_flight and j != i and j not in g.pending:
-                        if defer and self._blocks_host(g, j):
-                            g.pending.append(j)  # issued by the post-hook, behind this block
-                        else:
-                            self._issue(g, j)
-                w, c = self._backend.wait(ticket)
-                store.bind(ticket.bufs)
-                g.live[i] = ticket
-                rec.update(ticket=ticket, wait=w, start=c)
-            else:
-                rec["start"] = self._backend.mark()
-            open_recs.append(rec)
+    def _refuse_backward(self, where: str) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            if self._backward_refused:
+                return
+            self._backward_refused = True
+            self._restore()
+            raise OffloadError(
+                f"backward through offloaded layer {where}: offload(...) is for inference only (a "
+                f"layer's weights leave the device after its forward); the model is restored. Run the "
+                f"forward under torch.no_grad() or torch.inference_mode(), or train outside offload(...)")
 
-        def post(module, args, output):
-            rec = open_recs.pop()
-            rec["end"] = self._backend.mark()
-            self._records.append(rec)
-            if streamed:
-                ticket = g.live.pop(i)
-                store.unbind(self._placeholders)
-                ticket.bufs = {}
-                g.released.append(rec["end"])  # the buffers are free once this block has run
-                self._ledger(-nbytes)
-                self._flush_pending(g)
-            if self.record_memory:
-                self._sample_memory()
-
-        return pre, post
+        return hook
 
     # -- memory -----------------------------------------------------------------------------------------
     def _device_bytes(self) -> int:
@@ -538,3 +574,123 @@ class OffloadManager(Recorder):
             "measured_bytes": measured, "measured_how": how,
             "device_memory": led.get("device_memory"),
         }
+
+
+class LayerHooks:
+    """The forward hooks of one layer: ``pre_forward`` brings its weights to the device (and
+    issues the prefetches behind it), ``post_forward`` releases them and records the interval."""
+
+    def __init__(self, manager: OffloadManager, g: _Group, i: int):
+        self.manager, self.group, self.index = manager, g, i
+        self.streamed = i in g.pos
+        self.tier = manager._tier(g.name, i)
+        self.store = manager._stores[(g.name, i)]
+        self.nbytes = self.store.nbytes
+        self.where = f"{g.name}.{i}"
+        self._open: list[dict] = []  # a block may be re-entered (recursion): a stack
+
+    def pre_forward(self, module: nn.Module, args: Any) -> None:
+        m, g, i = self.manager, self.group, self.index
+        rec = {"group": g.name, "layer": i, "tier": self.tier, "bytes": self.nbytes, "stamp": m._stamp()}
+        if self.streamed:
+            ticket = g.in_flight.pop(i, None)
+            if ticket is None:  # not prefetched (prefetch 0, or a layer run out of order)
+                if i in g.pending:
+                    g.pending.remove(i)
+                m._issue(g, i)
+                ticket = g.in_flight.pop(i)
+            k, n = g.pos[i], len(g.streamed)
+            defer = m.issue_order == "after-compute"
+            for d in range(1, m._depth(g) + 1):
+                j = g.streamed[(k + d) % n]
+                if j not in g.in_flight and j != i and j not in g.pending:
+                    if defer and m._blocks_host(g, j):
+                        g.pending.append(j)  # issued by the post-hook, behind this block
+                    else:
+                        m._issue(g, j)
+            w, c = m._backend.wait(ticket)
+            self.store.bind(ticket.bufs)
+            g.live[i] = ticket
+            rec.update(ticket=ticket, wait=w, start=c)
+        else:
+            rec["start"] = m._backend.mark()
+        self._open.append(rec)
+
+    def post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        m, g, i = self.manager, self.group, self.index
+        rec = self._open.pop()
+        rec["end"] = m._backend.mark()
+        m._records.append(rec)
+        if self.streamed:
+            ticket = g.live.pop(i)
+            self.store.unbind(m._placeholders)
+            ticket.bufs = {}
+            g.released.append(rec["end"])  # the buffers are free once this block has run
+            m._ledger(-self.nbytes)
+            m._flush_pending(g)
+        if torch.is_grad_enabled():
+            # the weights a backward would read are gone once this returns: say so at the first one
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(m._refuse_backward(self.where))
+        if m.record_memory:
+            m._sample_memory()
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors of a block's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in _tensors(o)]
+    return []
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _refuse_meta(model: nn.Module) -> None:
+    """Refuse a model with tensors on the meta device: there is nothing to offload."""
+    for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        meta = [n for n, t in items if t.is_meta]
+        if meta:
+            raise OffloadError(
+                f"{kind}(s) {_names(meta)} of {type(model).__name__} are on the meta device (no data to "
+                f"offload): load the weights first, e.g. model.load_state_dict(state, assign=True) or "
+                f"model.to_empty(device='cpu') and then load them")
+
+
+def _refuse_containers(name: str, blocks: nn.ModuleList) -> None:
+    """Refuse a group whose items are module containers: they are never called, so no hook runs."""
+    inner = [f"{name}.{k}" for k, b in enumerate(blocks) if isinstance(b, (nn.ModuleList, nn.ModuleDict))]
+    if inner:
+        kind = type(blocks[int(inner[0].rsplit(".", 1)[1])]).__name__
+        raise OffloadError(
+            f"plan group {name!r} holds module containers ({inner[0]} is an nn.{kind}): a container is "
+            f"never called, so its layers could not be streamed; name the lists of callable blocks "
+            f"with spec_of(model, groups=[...]) (e.g. groups={[f'{n}' for n in inner[:2]]}) and plan that")
+
+
+def _refuse_shared(groups: list[_Group]) -> None:
+    """Refuse layers that share a parameter: each layer's weights must be its own to be streamed."""
+    owners: dict[int, list[tuple[str, str]]] = {}
+    for grp in groups:
+        for i, block in enumerate(grp.blocks):
+            seen: set[int] = set()
+            for pname, p in block.named_parameters(remove_duplicate=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    owners.setdefault(id(p), []).append((f"{grp.name}.{i}", f"{grp.name}.{i}.{pname}"))
+    shared = [o for o in owners.values() if len(o) > 1]
+    if shared:
+        layers = [layer for layer, _ in shared[0]]
+        names = [n for _, n in shared[0]]
+        more = f" ({len(shared) - 1} more parameter(s) shared likewise)" if len(shared) > 1 else ""
+        raise OffloadError(
+            f"layers {_names(layers)} share one parameter ({' = '.join(names[:3])}){more}: a layer's weights "
+            f"must be its own to be streamed; untie them (give each layer its own copy) or move the shared "
+            f"module out of the layer list so it stays on the device as a non-layer weight")

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from offload_lab.record.runtime.manager import _ACTIVE, OffloadError, OffloadManager
+from offload_lab.model.pipeline import torch_components
+from offload_lab.record.runtime.manager import ACTIVE, OffloadError, OffloadManager
+from offload_lab.record.runtime.options import OffloadOptions, resolve_options
 
 if TYPE_CHECKING:
     from offload_lab.planning.pipeline import PipelinePlan
@@ -47,9 +49,7 @@ class PipelineManager(OffloadManager):
 
     _context = "offload(pipe, pipeline_plan)"
 
-    def __init__(self, pipe: Any, pplan: PipelinePlan, **kwargs: Any):
-        from offload_lab.model.pipeline import torch_components
-
+    def __init__(self, pipe: Any, pplan: PipelinePlan, options: OffloadOptions | None = None, **kwargs: Any):
         mods = torch_components(pipe)
         missing = [n for n in pplan.components if n not in mods]
         if missing:
@@ -61,9 +61,10 @@ class PipelineManager(OffloadManager):
         self.pipe = pipe
         self._units = {n: _entries(comps[n]) for n in units}
         self._components = comps
-        if kwargs.get("scheduler", "auto") == "auto":
-            kwargs["scheduler"] = pipe
-        super().__init__(PipelineModules(comps, units), plan, **kwargs)
+        opts = resolve_options(options, **kwargs)
+        if isinstance(opts.scheduler, str) and opts.scheduler == "auto":
+            opts = opts.replace(scheduler=pipe)
+        super().__init__(PipelineModules(comps, units), plan, options=opts)
 
     def _start(self) -> None:
         super()._start()
@@ -73,17 +74,17 @@ class PipelineManager(OffloadManager):
         self._meta["model"] = type(self.pipe).__name__
 
     def _claim(self) -> None:
-        busy = [n for n, m in self._components.items() if m in _ACTIVE]
+        busy = [n for n, m in self._components.items() if m in ACTIVE]
         if busy:
             raise OffloadError(f"component(s) {busy} are already under an offload manager; leave that one first")
         super()._claim()
         for m in self._components.values():
-            _ACTIVE.add(m)
+            ACTIVE.add(m)
 
     def _restore_actions(self) -> list[Callable[[], None]]:
         def release_components() -> None:
             for m in self._components.values():
-                _ACTIVE.discard(m)
+                ACTIVE.discard(m)
 
         return [*super()._restore_actions(), release_components]
 
@@ -106,11 +107,12 @@ class PipelineManager(OffloadManager):
             entries = self._units.get(g.name)
             if entries is None:
                 for i, block in enumerate(g.blocks):
-                    pre, post = self._make_hooks(g, i)
-                    self._hooks.append(block.register_forward_pre_hook(pre))
-                    self._hooks.append(block.register_forward_hook(post))
+                    hooks = self._make_hooks(g, i)
+                    self._hooks.append(block.register_forward_pre_hook(hooks.pre_forward))
+                    self._hooks.append(block.register_forward_hook(hooks.post_forward))
                 continue
-            pre, post = _outermost(*self._make_hooks(g, 0))
+            hooks = self._make_hooks(g, 0)
+            pre, post = _outermost(hooks.pre_forward, hooks.post_forward)
             for m in entries:
                 self._hooks.append(m.register_forward_pre_hook(pre))
                 self._hooks.append(m.register_forward_hook(post, always_call=True))

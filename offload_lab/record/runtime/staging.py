@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from offload_lab.record.runtime.stores import _exact_pinned, _unpin
+from offload_lab.record.runtime.stores import exact_pinned, unpin
 
 __all__ = ["StagingBuffer", "StagingPool", "staging_size"]
 
@@ -65,7 +65,7 @@ class StagingPool:
         self._closed = False
         for _ in range(self.count):
             if pin:
-                raw, locked = _exact_pinned(self.nbytes)
+                raw, locked = exact_pinned(self.nbytes)
                 self._raws.append(raw)
                 self.pinned_bytes += locked
                 data = raw[:self.nbytes]
@@ -99,7 +99,7 @@ class StagingPool:
         if self._pinned and torch.cuda.is_available():
             torch.cuda.synchronize()
         while self._raws:
-            _unpin(self._raws.pop())
+            unpin(self._raws.pop())
         self._free = queue.Queue()
         self.pinned_bytes = self.allocated_bytes = 0
         self._closed = True

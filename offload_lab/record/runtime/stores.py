@@ -1,8 +1,13 @@
 """Host stores: where one layer's weights live between uses, and how they come back.
 
-A :class:`LayerStore` owns the host copy of one layer in its tier — one packed buffer per dtype
-for ``pinned`` and ``pageable``, the checkpoint's own file pages for ``mapped`` — and the
-bookkeeping to put each parameter back exactly as it was.
+A :class:`LayerStore` owns the host side of one layer in its tier and the bookkeeping to put
+each parameter back exactly as it was. Every parameter keeps its original tensor (its
+storage, storage offset and strides), which restore gives back: views stay views of what they
+viewed, tied tensors stay tied. Where the tier needs memory of its own (page-locked for
+``pinned`` on cuda; anonymous for ``pinned``/``pageable`` over checkpoint pages or device
+originals) the layer is also packed into one buffer per dtype; otherwise the originals are
+the store. In the device buffers and in packed stores each parameter occupies its *strided
+extent* (the span of its storage it addresses), so on the device it has its original strides.
 """
 
 from __future__ import annotations
@@ -42,22 +47,47 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8)
 
 
+def extent(t: torch.Tensor) -> int:
+    """Elements of storage ``t`` addresses from its first element: its strided extent.
+
+    >>> extent(torch.zeros(4, 3).t()), extent(torch.zeros(4, 6)[:, ::2]), extent(torch.zeros(0, 3))
+    (12, 23, 0)
+    """
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+
+
+def flat_extent(t: torch.Tensor) -> torch.Tensor:
+    """The strided extent of ``t`` as a flat contiguous view of its storage (no copy)."""
+    return t.detach().as_strided((extent(t),), (1,), t.storage_offset())
+
+
 @dataclass
 class ParamSlot:
-    """One parameter of a layer: where it sits in the packed stores, and how it looked before."""
+    """One parameter of a layer: where its extent sits in the per-dtype buffers, and its original."""
 
     name: str
     param: nn.Parameter
     dtype: torch.dtype
     shape: torch.Size
-    offset: int  # elements into the packed buffer of its dtype
+    stride: tuple[int, ...]
+    offset: int  # elements into the buffer of its dtype where its extent starts
     numel: int
+    extent: int  # elements of storage the tensor spans (numel for a dense tensor)
     orig_device: torch.device
     orig_requires_grad: bool
-    orig_data: torch.Tensor | None = None  # kept only where the original must outlive offload
+    orig_data: torch.Tensor  # the original tensor: restore gives it back (storage, offset, strides)
+
+    def view_in(self, buf: torch.Tensor) -> torch.Tensor:
+        """This parameter, with its original shape and strides, over its extent in ``buf``."""
+        return buf.as_strided(self.shape, self.stride, buf.storage_offset() + self.offset)
+
+    def region(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf[self.offset:self.offset + self.extent]
 
 
-def _exact_pinned(nbytes: int) -> tuple[torch.Tensor, int]:
+def exact_pinned(nbytes: int) -> tuple[torch.Tensor, int]:
     """A host buffer of ``nbytes`` page-locked at its own size; returns it and the locked bytes.
 
     torch's caching host allocator (``pin_memory=True``) rounds each block up to a power of
@@ -74,8 +104,12 @@ def _exact_pinned(nbytes: int) -> tuple[torch.Tensor, int]:
     return raw, locked
 
 
-def _unpin(raw: torch.Tensor) -> None:
+def unpin(raw: torch.Tensor) -> None:
+    """Undo :func:`exact_pinned`."""
     torch.cuda.cudart().cudaHostUnregister(raw.data_ptr())
+
+
+_exact_pinned, _unpin = exact_pinned, unpin  # the names older callers import
 
 
 @dataclass
@@ -100,11 +134,11 @@ class LayerStore:
         return sum(n * dt.itemsize for dt, n in self.sizes().items())
 
     def sizes(self) -> dict[torch.dtype, int]:
-        """Elements of each per-dtype packed buffer, alignment padding included."""
+        """Elements of each per-dtype buffer, alignment padding included."""
         out: dict[torch.dtype, int] = {}
         for s in self.slots:
             step = max(STORE_ALIGNMENT // s.dtype.itemsize, 1)
-            end = -(-(s.offset + s.numel) // step) * step
+            end = -(-(s.offset + s.extent) // step) * step
             out[s.dtype] = max(out.get(s.dtype, 0), end)
         return out
 
@@ -118,38 +152,32 @@ class LayerStore:
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            off = offsets.get(p.dtype, 0)
-            slots.append(ParamSlot(name, p, p.dtype, p.shape, off, p.numel(), p.device, p.requires_grad))
-            # each slice starts on the planner's alignment, so store bytes equal the plan's
+            off, n = offsets.get(p.dtype, 0), extent(p)
+            slots.append(ParamSlot(name, p, p.dtype, p.shape, tuple(p.stride()), off, p.numel(), n,
+                                   p.device, p.requires_grad, p.data))
+            # each extent starts on the planner's alignment, so store bytes equal the plan's
             step = max(STORE_ALIGNMENT // p.dtype.itemsize, 1)
-            offsets[p.dtype] = -(-(off + p.numel()) // step) * step
+            offsets[p.dtype] = -(-(off + n) // step) * step
         return cls(group, index, tier, slots)
 
-    def host_fill(self, pin: bool, keep_original: Callable[[torch.Tensor], bool]) -> None:
-        """Create the host copy of this layer for its tier.
+    def host_fill(self, pin: bool, file_backed: Callable[[torch.Tensor], bool]) -> None:
+        """Create the host side of this layer for its tier.
 
-        ``mapped`` keeps each parameter's original tensor (a view of the checkpoint's pages) as
-        its store, and so does ``resident`` unless the plan granted its host copy a pin (the
-        planner grants resident layers' host copies pins after every streamed layer's). Otherwise the layer is packed into one buffer per dtype; an original for which
-        ``keep_original`` is false (plain anonymous host memory) is dropped, since the packed
-        copy replaces it and so costs no new anonymous memory; file-backed or device originals
-        are kept for restore. An ``orig_data`` set beforehand (the naive init strategy's) wins.
+        Every original stays referenced (restore gives it back). A layer is packed into one
+        buffer per dtype only where the tier needs memory of its own: page-locked memory
+        (``pin``), or anonymous host memory for a ``pinned``/``pageable`` layer whose
+        originals are checkpoint pages (``file_backed``) or on a device. ``mapped``,
+        ``staged`` and ``resident`` layers and anonymous host originals are their own store,
+        so no memory is spent twice. An ``orig_data`` set beforehand (the naive init
+        strategy moved the original to the device) is the host original and wins.
         """
-        if self.tier == "staged" and all(
-                (s.orig_data if s.orig_data is not None else s.param.data).device.type == "cpu"
-                for s in self.slots):
-            # a staged layer is gathered into a staging buffer straight from its originals
-            # (anonymous or checkpoint pages): no packed store, so no new anonymous memory
-            for s in self.slots:
-                if s.orig_data is None:
-                    s.orig_data = s.param.data
-            return
-        if self.tier == "mapped" or (self.tier == "resident" and not pin):
-            # no host copy: a resident layer without a pin grant is copied to the device once,
-            # straight from its originals
-            for s in self.slots:
-                if s.orig_data is None:
-                    s.orig_data = s.param.data
+        if pin:
+            need = True
+        elif self.tier in ("pinned", "pageable"):
+            need = any(s.orig_data.device.type != "cpu" or file_backed(s.orig_data) for s in self.slots)
+        else:
+            need = any(s.orig_data.device.type != "cpu" for s in self.slots) and self.tier != "resident"
+        if not need:
             return
         sizes = self.sizes()
         if pin:
@@ -158,7 +186,7 @@ class LayerStore:
                 offsets[dt] = total
                 total = -(-(total + n * dt.itemsize) // STORE_ALIGNMENT) * STORE_ALIGNMENT
             try:
-                self._raw, self.pinned_bytes = _exact_pinned(total)
+                self._raw, self.pinned_bytes = exact_pinned(total)
                 self.pin_method = "exact (cudaHostRegister)"
             except RuntimeError as e:
                 # some sandboxes refuse host registration: fall back to torch's pinned
@@ -173,20 +201,17 @@ class LayerStore:
             for dt, n in sizes.items():
                 self.buffers[dt] = torch.empty(n, dtype=dt, device="cpu")
         for s in self.slots:
-            src = s.param.data
-            self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape).copy_(src)
-            if s.orig_data is None and keep_original(src):
-                s.orig_data = src
+            s.region(self.buffers[s.dtype]).copy_(flat_extent(s.orig_data))
 
     # -- device side ---------------------------------------------------------------------------
     def alloc_device(self, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
         return {dt: torch.empty(n, dtype=dt, device=device) for dt, n in self.sizes().items()}
 
     def copy_into(self, dev: dict[torch.dtype, torch.Tensor], non_blocking: bool) -> None:
-        """Host store → device buffers: one copy per dtype (per tensor where there is no packed store)."""
+        """Host store → device buffers: one copy per dtype (per extent where there is no packed store)."""
         if not self.buffers:
             for s in self.slots:
-                _copy(dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape), s.orig_data, non_blocking)
+                _copy(s.region(dev[s.dtype]), flat_extent(s.orig_data), non_blocking)
             return
         for dt, buf in self.buffers.items():
             _copy(dev[dt], buf, non_blocking)
@@ -208,7 +233,7 @@ class LayerStore:
         pairs = []
         for s in self.slots:
             a = offs[s.dtype] + s.offset * s.dtype.itemsize
-            pairs.append((staging[a:a + s.numel * s.dtype.itemsize], _bytes(s.orig_data)))
+            pairs.append((staging[a:a + s.extent * s.dtype.itemsize], _bytes(flat_extent(s.orig_data))))
         return pairs
 
     def stage_into(self, staging: torch.Tensor, pool: Any = None) -> None:
@@ -234,9 +259,10 @@ class LayerStore:
             _copy(d, src, non_blocking)
 
     def bind(self, dev: dict[torch.dtype, torch.Tensor]) -> None:
+        """Point every parameter at its extent in ``dev``, with its original strides."""
         self._detached = True
         for s in self.slots:
-            s.param.data = dev[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+            s.param.data = s.view_in(dev[s.dtype])
 
     def unbind(self, placeholders: dict[torch.dtype, torch.Tensor]) -> None:
         self._detached = True
@@ -245,7 +271,8 @@ class LayerStore:
 
     # -- restore -------------------------------------------------------------------------------
     def restore(self) -> None:
-        """Put every parameter back: same values, dtype, device and requires_grad.
+        """Give every parameter its original tensor back: same storage, storage offset, strides,
+        values, dtype, device and requires_grad.
 
         Safe to call again after an interrupt cut it short, and on a store whose fill never
         finished (its parameters were never rebound, so they keep their originals).
@@ -254,17 +281,11 @@ class LayerStore:
             return
         if self._raw is not None:
             if self._registered:
-                _unpin(self._raw)
+                unpin(self._raw)
             self._raw, self.pinned_bytes = None, 0
         for s in self.slots:
-            if not self._detached:
-                pass  # still its original tensor
-            elif s.orig_data is not None:
+            if self._detached:
                 s.param.data = s.orig_data
-            else:
-                # the packed store replaced the original: view it back (or copy to its device)
-                view = self.buffers[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
-                s.param.data = view if s.orig_device.type == "cpu" else view.to(s.orig_device)
             s.param.requires_grad_(s.orig_requires_grad)
         self._restored = True
         self.buffers = {}
