@@ -5,11 +5,12 @@ Writes a synthetic trace of the shape torch.profiler records for layer-wise offl
 ``gpu_user_annotation`` on the compute stream; ``aten::`` ops with ``cudaLaunchKernel`` runtime
 calls, kernels and ``ac2g`` flow events; prefetch copies for the next block as
 ``cudaMemcpyAsync`` + ``Memcpy HtoD (Pinned|Pageable -> Device)`` on a copy stream; metadata
-rows), then imports it in a fresh process per format and prints a table of seconds and peak
-RSS (``resource.getrusage``: the child's maximum resident set, and that minus the RSS after
-``import offload_lab.record.kineto``).
+rows), then imports it in a fresh process per size and format and prints a table of CPU seconds
+(``time.process_time`` of the import call; of importing the module; of the whole process), wall
+seconds and peak RSS (``resource.getrusage``: the child's maximum resident set, and that minus
+the RSS after ``import offload_lab.record.kineto``).
 
-    .venv/bin/python benchmarks/trace_import.py                 # 1 M events, .json and .json.gz
+    .venv/bin/python benchmarks/trace_import.py                 # 100 k and 1 M events, .json and .json.gz
     .venv/bin/python benchmarks/trace_import.py --events 200000 --tracemalloc --json-load
 
 ``--tracemalloc`` adds the peak of Python allocations during the import (a slower, separate run);
@@ -222,10 +223,13 @@ def write_trace(path: Path, events: int, layers: int = LAYERS) -> int:
 
 _CHILD = r"""
 import resource, sys, time, json
+t_mod = time.process_time()
 import offload_lab.record.kineto as ti
+t_mod = time.process_time() - t_mod
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 mode, path = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
+c = time.process_time()
 if mode == "import":
     run = ti.from_torch_profiler(path)
     info = {"rows": len(run.events), "steps": len(run.steps), "layers": len(run.layers)}
@@ -241,9 +245,11 @@ else:  # the naive baseline: the whole document in memory
     with op(path, "rt") as f:
         doc = json.load(f)
     info = {"rows": len(doc["traceEvents"])}
+cpu = time.process_time() - c
 secs = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": secs, "peak_mb": peak / 1024, "base_mb": base / 1024, **info}))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": secs, "cpu_s": cpu, "module_cpu_s": t_mod, "process_cpu_s": ru.ru_utime + ru.ru_stime,
+                  "peak_mb": ru.ru_maxrss / 1024, "base_mb": base / 1024, **info}))
 """
 
 
@@ -260,39 +266,47 @@ def measure(mode: str, path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=1_000_000, help="trace size in events (default 1 M)")
+    ap.add_argument("--events", default="100000,1000000",
+                    help="comma list of trace sizes in events (default 100 k and 1 M)")
     ap.add_argument("--dir", default=None, help="where to write the traces (default: a temp dir)")
     ap.add_argument("--formats", default="json,json.gz", help="comma list of json, json.gz")
     ap.add_argument("--tracemalloc", action="store_true", help="also measure the Python allocation peak")
     ap.add_argument("--json-load", action="store_true", help="also time a whole-file json.load")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="trace-bench-", dir=args.dir) as tmp:
-        rows = []
-        for fmt in args.formats.split(","):
-            path = Path(tmp) / f"synthetic.{fmt}"
-            t = time.perf_counter()
-            n = write_trace(path, args.events)
-            print(f"wrote {path.name}: {n:,} events, {path.stat().st_size / 2**20:.0f} MiB on disk "
-                  f"in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            modes = ["import"] + (["tracemalloc"] if args.tracemalloc else []) + \
-                (["json.load"] if args.json_load else [])
-            for mode in modes:
-                r = measure(mode, path)
-                rows.append((fmt, mode, n, path.stat().st_size / 2**20, r))
-        print(f"\n{'format':8} {'what':12} {'events':>10} {'file MiB':>9} {'seconds':>8} "
-              f"{'peak RSS MiB':>13} {'over base':>10} {'tracemalloc':>12}  rows/steps/layers")
-        for fmt, mode, n, size, r in rows:
-            tm = f"{r['tracemalloc_peak_mb']:.0f}" if "tracemalloc_peak_mb" in r else "-"
-            secs = "-" if mode == "tracemalloc" else f"{r['seconds']:.2f}"
-            shape = f"{r.get('rows', '-')}/{r.get('steps', '-')}/{r.get('layers', '-')}"
-            print(f"{fmt:8} {mode:12} {n:>10,} {size:>9.0f} {secs:>8} {r['peak_mb']:>13.0f} "
-                  f"{r['peak_mb'] - r['base_mb']:>10.0f} {tm:>12}  {shape}")
+    rows = []
+    for events in (int(e) for e in args.events.split(",")):
+        with tempfile.TemporaryDirectory(prefix="trace-bench-", dir=args.dir) as tmp:
+            for fmt in args.formats.split(","):
+                path = Path(tmp) / f"synthetic.{fmt}"
+                t = time.perf_counter()
+                n = write_trace(path, events)
+                print(f"wrote {path.name}: {n:,} events, {path.stat().st_size / 2**20:.0f} MiB on disk "
+                      f"in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+                modes = ["import"] + (["tracemalloc"] if args.tracemalloc else []) + \
+                    (["json.load"] if args.json_load else [])
+                for mode in modes:
+                    r = measure(mode, path)
+                    rows.append((fmt, mode, n, path.stat().st_size / 2**20, r))
+    print(f"\n{'format':8} {'what':10} {'events':>10} {'file MiB':>9} {'CPU s':>7} {'wall s':>7} "
+          f"{'µs/event':>9} {'module CPU s':>13} {'process CPU s':>14} {'peak RSS MiB':>13} {'over base':>10} "
+          f"{'tracemalloc':>12}  rows/steps/layers")
+    for fmt, mode, n, size, r in rows:
+        tm = f"{r['tracemalloc_peak_mb']:.0f}" if "tracemalloc_peak_mb" in r else "-"
+        timed = mode != "tracemalloc"
+        cpu = f"{r['cpu_s']:.2f}" if timed else "-"
+        secs = f"{r['seconds']:.2f}" if timed else "-"
+        per = f"{r['cpu_s'] / n * 1e6:.2f}" if timed else "-"
+        shape = f"{r.get('rows', '-')}/{r.get('steps', '-')}/{r.get('layers', '-')}"
+        print(f"{fmt:8} {mode:10} {n:>10,} {size:>9.0f} {cpu:>7} {secs:>7} {per:>9} {r['module_cpu_s']:>13.2f} "
+              f"{r['process_cpu_s']:>14.2f} {r['peak_mb']:>13.0f} {r['peak_mb'] - r['base_mb']:>10.0f} {tm:>12}  "
+              f"{shape}")
     # the machine may be shared: the load says how much of its cores these runs had
     print(f"\n{os.cpu_count()} CPUs, load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"'over base' = peak RSS minus RSS after importing the module (Python, numpy, pandas)")
+          f"'CPU s' = the import call alone, 'module CPU s' = importing offload_lab.record.kineto (numpy, pandas, "
+          f"pyarrow), 'process CPU s' = the whole child process; 'over base' = peak RSS minus RSS after "
+          f"importing the module")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

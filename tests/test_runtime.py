@@ -269,3 +269,33 @@ def test_mapped_tier_adds_no_anonymous_memory(tmp_path):
     assert r["mapped_equal"] and r["pageable_equal"]
     assert abs(r["mapped"]) < 0.1 * layer_bytes
     assert 0.8 * layer_bytes < r["pageable"] < 1.3 * layer_bytes
+
+
+def test_profile_sizes_cpu_threads_and_restores_them(wan, monkeypatch):
+    """On the cpu backend a spinning OpenMP team leaves a core to the copy engine, and the
+    user's thread count is back afterwards (also after fn raises); passive OpenMP: untouched."""
+    model, inputs, _ = wan
+    plan = offload_lab.plan(offload_lab.spec_of(model), tier="pinned")
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    seen = []
+
+    def fn():
+        seen.append(torch.get_num_threads())
+        return model(**inputs)
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    try:
+        torch.set_num_threads(2)
+        profile(model, fn, plan, steps=1, warmup=0, backend="cpu")
+        assert set(seen) == {min(2, max(1, cores - 1))}
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ZeroDivisionError):
+            profile(model, lambda: 1 / 0, plan, steps=1, warmup=0, backend="cpu")
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+        seen.clear()
+        profile(model, fn, plan, steps=1, warmup=0, backend="cpu")
+        assert set(seen) == {2}
+    finally:
+        torch.set_num_threads(before)

@@ -588,3 +588,27 @@ def test_h3_operating_point_plans_and_simulates():
     streamed = int(plan.layers["streamed"].sum())
     assert (run.steps["bytes_moved"] > 0).all()
     assert len(rows(run, "copy", step=1)) == streamed
+
+
+def test_simulated_frames_are_in_contract_form_as_built():
+    """The simulator hands its frames over without conform/check: conforming and checking
+    them again (what Run(...) does to frames from outside) changes nothing."""
+    spec = ol.catalog.load("wan2.1-t2v-1.3b")
+    plan = ol.plan(spec, tier="pageable", host=ol.HostMemory(available="64GiB"))
+    run = sim.simulate(plan, "h200", steps=3, warmup=1)
+    again = ol.Run(run.events, run.layers, run.steps, run.memory, run.meta)
+    assert again.equals(run)
+    for name in ("events", "layers", "steps", "memory"):
+        assert getattr(again, name).dtypes.equals(getattr(run, name).dtypes), name
+
+
+def test_prepared_spec_follows_a_profile_changed_in_place():
+    """Per-spec preparation is kept across calls, keyed on the profile's value: a profile
+    edited in place is prepared again, not answered from the cache."""
+    spec = toy()
+    plan = ol.plan(spec, tier="pinned", host=HOST)
+    prof = sim.DeviceProfile("x", {"pinned": 10.0}, compute_s={"blocks": 0.01})
+    first = sim.simulate(plan, prof, steps=2).step_time
+    assert sim.simulate(plan, prof, steps=2).step_time == first
+    prof.compute_s = {"blocks": 0.02}
+    assert sim.simulate(plan, prof, steps=2).step_time > first

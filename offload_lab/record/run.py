@@ -145,7 +145,8 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
         "exposed_copy_s": np.maximum(0.0, ku - overlap)[inv],
         "overlap": ratio[inv].astype("float64"),
         "bytes_moved": moved[inv],
-    }, columns=STEP_COLUMNS)
+        "rank": np.zeros(len(bstep), dtype="int64"),
+    }, columns=STEP_COLUMNS, copy=False)
 
 
 
@@ -219,8 +220,8 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
     return pd.DataFrame({
         **base, "tier": planned("tier", "string"), "bytes": planned("bytes", "int64"),
         "mapped_bytes": planned("mapped_bytes", "int64"), "streamed": planned("streamed", "bool"),
-        "pin_rank": planned("pin_rank", "Int64"), **vals,
-    }, columns=LAYER_COLUMNS)
+        "pin_rank": planned("pin_rank", "Int64"), **vals, "rank": np.zeros(n_base, dtype="int64"),
+    }, columns=LAYER_COLUMNS, copy=False)
 
 
 class Run:
@@ -258,20 +259,41 @@ class Run:
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
+    def from_trusted_frames(cls, events: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame,
+                            memory: pd.DataFrame, meta: dict[str, Any]) -> Run:
+        """A Run of frames this package just built in contract form, without re-typing or
+        re-checking their values (the meta is still checked: it is small).
+
+        Only package code that builds every column in its final dtype calls this (the
+        simulator, through ``Run.build(..., trusted=True)``): checking and re-typing its frames
+        cost more than simulating them. Frames from anywhere else go through ``Run(...)``,
+        which conforms and checks them.
+        """
+        run = cls.__new__(cls)
+        run.events, run.layers, run.steps, run.memory = events, layers, steps, memory
+        run.meta = check_meta(meta)
+        run.meta.setdefault("simulated", run.meta.get("backend") == "sim")
+        return run
+
+    @classmethod
     def build(cls, events: list[dict] | pd.DataFrame, bounds: list[dict] | pd.DataFrame,
               plan_layers: pd.DataFrame, memory: list[dict] | pd.DataFrame | None = None,
-              meta: dict[str, Any] | None = None, warmup: int = 0) -> Run:
+              meta: dict[str, Any] | None = None, warmup: int = 0, trusted: bool = False) -> Run:
         """Derive the summary frames from raw intervals.
 
         ``bounds`` holds one row per step (``step, start_s, end_s``). The first ``warmup`` steps
         are dropped from every frame (and ``meta['warmup_dropped']`` says so); events labelled
         with a step that never ran (prefetch that wrapped past the last step) are dropped too.
+
+        ``trusted=True`` is for package code only (the simulator): ``events`` and ``memory``
+        are already frames with exactly the contract's columns and dtypes and values within
+        its rules, so they are neither re-typed nor re-checked (:meth:`from_trusted_frames`).
         """
         meta = dict(meta or {})
         bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"])
         if not bounds["step"].is_monotonic_increasing:
             bounds = bounds.sort_values("step")
-        ev = _events_frame(events if isinstance(events, pd.DataFrame) else list(events))
+        ev = events if trusted else _events_frame(events if isinstance(events, pd.DataFrame) else list(events))
         kept = bounds["step"].to_numpy()[warmup:]
         if warmup:
             bounds = bounds[bounds["step"].isin(kept)]
@@ -304,6 +326,8 @@ class Run:
             # one rank's own run of a torch.distributed job: its rows carry its rank
             ev, layers, steps = ev.assign(rank=rank), layers.assign(rank=rank), steps.assign(rank=rank)
             mem = pd.DataFrame(mem, columns=MEMORY_COLUMNS).assign(rank=rank)
+        if trusted:
+            return cls.from_trusted_frames(ev, layers, steps, mem, meta)
         return cls(ev, layers, steps, mem, meta)
 
     # -- views -------------------------------------------------------------------------------

@@ -182,7 +182,8 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
         # what the prediction rests on: the measured runs of its regime, or none
         "evidence": evidence_of(profile, issue, copy_class(info[(g, i)].tier for g in streamed for i in streamed[g])),
     }
-    return Run.build(events, bounds, layers, memory=mem, meta=meta, warmup=warmup)
+    # the engine's frames are built in contract form (simulation/events.py): not re-checked
+    return Run.build(events, bounds, layers, memory=mem, meta=meta, warmup=warmup, trusted=True)
 
 
 
@@ -329,7 +330,7 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
     held: dict[str, deque] = {g: deque() for g in walk.groups}  # device-copy ends of buffers in use
     stage_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}
     comp_end: dict[str, dict[int, float]] = {g: {} for g in walk.groups}  # compute end per copy number
-    pre_upto = walk.pre_upto
+    exp = math.exp
     slow, fast, tau = prof.copy_slowdown, prof.idle_speedup, prof.idle_tau_s
     copy_from = 0.0    # start of the last copy on the link (for a block's overlap with it)
     floors = {lay.lid: lay.floor for lay in walk.seq_all()} if slow or fast else {}
@@ -402,7 +403,15 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
                     # streamed layers, wrapping to the next forward (after-compute: the
                     # host-blocking ones after the launch); resident layers issue nothing
                     q = use * nS + k
-                    upto = pre_upto(g, q, depth, after)
+                    if not after:
+                        upto = q + depth
+                    else:  # walk.pre_upto, inline: the run of copies that do not block the host
+                        upto = issued[g]
+                        if upto < q:
+                            upto = q
+                        S = seq[g]
+                        while upto < q + depth and not S[(upto + 1) % nS].blocks:
+                            upto += 1
                     if issued[g] < upto:
                         issue_upto(g, upto)
                         begin = ready = t if t > stream_free else stream_free
@@ -415,8 +424,18 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
                         row((use, lid, WAIT, ready, ce))
                         begin = ce
                 if floors:
-                    compute = _gpu_block(compute, floors[lid], begin - stream_free, begin, copy_from,
-                                         link_free, slow, fast, tau)
+                    floor = floors[lid]
+                    rate = compute - floor
+                    if rate > 0:
+                        # _gpu_block, inline (the idle speed-up, then the copy beside it)
+                        idle = begin - stream_free
+                        if fast and idle > 0:
+                            rate *= 1.0 - fast * (1.0 - exp(-idle / tau))
+                        if slow and link_free > begin:
+                            over = min(link_free, begin + compute) - max(copy_from, begin)
+                            if over > 0:
+                                rate *= 1.0 + slow * over / compute
+                        compute = floor + rate
                 end = stream_free = begin + compute
                 row((use, lid, COMPUTE, begin, end))
                 t += launch_s

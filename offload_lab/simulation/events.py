@@ -24,8 +24,12 @@ _MOVES_BYTES = np.array([True, False, False, True, True])
 
 
 def _strings(values: list[str], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """``values[codes]`` as a pandas ``string`` array, taken in Arrow (no Python string per row)."""
-    return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()).take(pa.array(codes)))
+    """``values[codes]`` as a pandas ``string`` array of the storage ``astype("string")`` gives
+    (pandas 3: Arrow, taken there with no Python string per row; pandas 2: Python objects), so
+    the frame is what a saved run reads back as, without being re-typed."""
+    if pd.StringDtype().storage == "pyarrow":
+        return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()).take(pa.array(codes)))
+    return pd.arrays.StringArray(np.asarray(values, dtype=object)[codes])
 
 
 class Events:
@@ -42,7 +46,7 @@ class Events:
         self.rows.extend((step, lay.lid, kind, start, end))
 
     def frame(self, steps: int, run: str = "", passes: int = 1) -> pd.DataFrame:
-        """The events frame in contract form, sorted by (start, end) as :meth:`Run.build` keeps it.
+        """The events frame in contract form (every column in its final dtype), sorted by (start, end) as :meth:`Run.build` keeps it.
 
         Rows carry the forward they serve (step × ``passes`` + pass); the frame splits it into
         ``step`` and ``call`` (the pass within the step, as the runtime numbers its calls).
@@ -78,6 +82,7 @@ class Events:
             "tier": _strings(tiers, t_of[lid]),
             "bytes": np.where(_MOVES_BYTES[kind], bytes_of[lid], 0),
             "start_s": s, "end_s": e, "dur_s": e - s,
+            "rank": np.zeros(n, dtype="int64"),
         }, copy=False)
 
     def memory(self, spec: Any) -> pd.DataFrame:
@@ -97,8 +102,8 @@ class Events:
         return pd.DataFrame({
             "t_s": t[order], "device_bytes": np.cumsum(d[order]),
             "pinned_bytes": np.full(n, pinned, dtype="int64"), "anon_bytes": np.full(n, anon, dtype="int64"),
-            "mapped_bytes": np.full(n, mapped, dtype="int64"),
-        })
+            "mapped_bytes": np.full(n, mapped, dtype="int64"), "rank": np.zeros(n, dtype="int64"),
+        }, copy=False)
 
 
 def _time_order(s: np.ndarray, e: np.ndarray) -> np.ndarray:
