@@ -269,3 +269,16 @@ def test_a_packed_layer_costs_only_its_mapped_bytes(tmp_path, tier):
     # is new; holding both halves beside the store would read as the whole layer bytes
     assert r["predicted"] == r["mapped"]
     assert 0.8 * r["mapped"] < r["measured"] < 1.2 * r["mapped"], r
+
+
+def test_a_storage_is_owned_alone_only_when_nothing_else_overlaps_it():
+    from offload_lab.record.runtime.stores import exclusive_storages, storage_key
+
+    raw = bytearray(4 * 64)
+    a = torch.frombuffer(raw, dtype=torch.float32)  # two storages over the same memory
+    b = torch.frombuffer(raw, dtype=torch.float32, count=16, offset=64)
+    own, tail = torch.zeros(8, 4).t(), torch.zeros(10)[2:]
+    p = nn.Parameter(torch.zeros(3))
+    keys = exclusive_storages([a, b, own, tail, p, p, torch.zeros(0)])
+    assert storage_key(own) in keys and storage_key(p) in keys  # a tied parameter counts once
+    assert not {storage_key(t) for t in (a, b, tail)} & keys  # overlapped, or not from offset 0

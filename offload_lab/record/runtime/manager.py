@@ -397,6 +397,7 @@ class OffloadManager(Recorder):
                 # (and page-locked on cuda), so the plan's pinned bytes are what is really locked
                 granted = self._pin_rank(g.name, i) is not None
                 store.host_fill(pin=pin and granted, file_backed=file_backed, exclusive=self._exclusive)
+                self._count_released(store)
                 bufs = store.alloc_device(self.device)
                 store.copy_into(bufs, non_blocking=False)
                 store.bind(bufs)
@@ -405,7 +406,15 @@ class OffloadManager(Recorder):
             else:
                 store.host_fill(pin=pin and tier == "pinned", file_backed=file_backed,
                                 exclusive=self._exclusive)
+                self._count_released(store)
                 store.unbind({dt: self._placeholder(dt) for dt in store.sizes()})
+
+    def _count_released(self, store: LayerStore) -> None:
+        if self.backend_name == "cuda":
+            # a layer original the model had on the device is freed once its parameters are
+            # rebound: from now its bytes count as the manager's, so device_bytes never reads
+            # below zero (the high-water mark since the start still includes them)
+            self._cuda_base -= store.released_device_bytes
 
     def _init(self) -> None:
         layer_ids = self._layer_param_ids()

@@ -291,6 +291,12 @@ class LayerStore:
         return sum(s.extent * s.dtype.itemsize for s in self.slots if s.orig_data is None)
 
     @property
+    def released_device_bytes(self) -> int:
+        """Of :attr:`released_bytes`, those of originals on a device (not host memory)."""
+        return sum(s.extent * s.dtype.itemsize for s in self.slots
+                   if s.orig_data is None and s.orig_device.type != "cpu")
+
+    @property
     def kept_bytes(self) -> int:
         """Bytes of the originals kept beside a packed store (shared storages, checkpoint pages)."""
         if not self.buffers:
