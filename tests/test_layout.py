@@ -146,6 +146,10 @@ def _mixed(tmp_path) -> Net:
         b.ha, b.hb = nn.Parameter(pair[0]), nn.Parameter(pair[1], requires_grad=False)  # one storage
         b.wm = nn.Parameter(torch.randn(D, generator=g))
         b.register_buffer("wm_view", b.wm.detach()[: D // 2])  # a buffer over the parameter's storage
+        # a storage of its own, but over file pages: kept (a checkpoint page is not anonymous)
+        f = tmp_path / f"wf{k}.bin"
+        torch.randn(D, generator=g).numpy().tofile(f)
+        b.wf = nn.Parameter(torch.from_file(str(f), shared=False, size=D, dtype=torch.float32))
     return model
 
 
@@ -160,7 +164,7 @@ def test_a_packed_store_releases_originals_it_replaces_and_restore_rebuilds_them
     before = _layout(model)
     owned = [StorageWeakRef(b.wt.untyped_storage()) for b in model.blocks]
     kept = {n: StorageWeakRef(t.untyped_storage()) for b in model.blocks
-            for n, t in (("file", b.wv), ("pair", b.ha), ("wm", b.wm))}
+            for n, t in (("file", b.wv), ("pair", b.ha), ("wm", b.wm), ("own file", b.wf))}
     plan = offload_lab.plan(offload_lab.spec_of(model), tier=tier, prefetch=1, host=HOST)
     assert set(plan.layers["tier"]) == {tier}
     with offload(model, plan, backend="cpu", init=init) as m, torch.no_grad():
