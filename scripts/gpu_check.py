@@ -78,10 +78,12 @@ def smoke(dev, log=print) -> dict:
     from offload_lab import HostMemory, catalog, synthetic
 
     host = HostMemory(available="64GiB")
-    results: dict = {"identical": {}, "restored": {}, "startup_peak": {}, "device_peak": {}}
+    results: dict = {"identical": {}, "restored": {}, "released": {}, "startup_peak": {}, "device_peak": {}}
     model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.1, layers=6, dtype=torch.bfloat16)
     inputs = synthetic.example_inputs(model, tokens=512, device=dev)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    layout = {k: (v.shape, v.stride(), v.storage_offset(), v.dtype, v.requires_grad)
+              for k, v in model.state_dict(keep_vars=True).items()}
     with torch.no_grad():
         ref = model.to(dev)(**inputs)
         model.to("cpu")
@@ -102,6 +104,10 @@ def smoke(dev, log=print) -> dict:
                         outs.append(m(**inputs))
             ok = all(torch.equal(o, ref) for o in outs)
             results["identical"][f"{tier} p{p}"] = ok
+            if tier == "pinned":
+                # the page-locked store replaces each original the parameter owns alone
+                results["released"][f"{tier} p{p}"] = (
+                    mgr.run.meta["init"]["originals_released_bytes"] == sp.layer_bytes)
             # the after-compute order holds the host so a group keeps at most prefetch + 1 layers on
             # the device: the allocator's high-water mark stays within the planner's estimate
             peak = mgr.run.meta.get("device_peak") or {}
@@ -113,6 +119,10 @@ def smoke(dev, log=print) -> dict:
     after = model.state_dict()
     results["restored"]["values"] = all(torch.equal(after[k], v) for k, v in before.items())
     results["restored"]["devices"] = all(v.device.type == "cpu" for v in after.values())
+    # rebuilt originals: the same layout, in plain pageable memory (not the store's page-locked one)
+    results["restored"]["layout"] = all(
+        (v.shape, v.stride(), v.storage_offset(), v.dtype, v.requires_grad) == layout[k] and not v.is_pinned()
+        for k, v in model.state_dict(keep_vars=True).items())
     results["restored"]["hooks"] = not any(mm._forward_pre_hooks or mm._forward_hooks for mm in model.modules())
     log(f"  smoke: restored {results['restored']}")
     h3 = synthetic.build(catalog.load("minimax-h3"), scale=0.05, layers={"token_refiner.blocks": 2, "blocks": 8},

@@ -47,6 +47,7 @@ def test_cuda_backend_exact_restored_and_startup_peaks():
     res = _gpu_check().smoke(torch.device("cuda"), log=lambda m: None)
     assert all(res["identical"].values()), res["identical"]
     assert all(res["restored"].values())
+    assert res["released"] and all(res["released"].values()), res["released"]
     peaks = res["startup_peak"]
     assert peaks["grouped"]["measured"] < peaks["naive"]["measured"]
     for r in peaks.values():

@@ -27,7 +27,7 @@ from offload_lab.record.runtime.options import (
     resolve_options,
 )
 from offload_lab.record.runtime.staging import StagingPool, staging_size
-from offload_lab.record.runtime.stores import LayerStore
+from offload_lab.record.runtime.stores import LayerStore, StorageKey, exclusive_storages
 
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
@@ -150,6 +150,8 @@ class OffloadManager(Recorder):
         self._records: list[dict] = []
         self._device_ledger = 0
         self._init_peak = 0
+        # storages one parameter owns alone, as found: a packed store may release those
+        self._exclusive: set[StorageKey] = set()
 
     # -- plan ↔ model ----------------------------------------------------------------------------
     @staticmethod
@@ -258,7 +260,10 @@ class OffloadManager(Recorder):
             "pinned_bytes": int(pinned),
             "pin_method": sorted({s.pin_method for s in self._stores.values() if s.pin_method}),
             "init": {"resident_bytes_copied": int(sum(
-                self._stores[k].nbytes for k in self._resident_bufs))},
+                self._stores[k].nbytes for k in self._resident_bufs)),
+                     # originals a packed store replaced (freed, rebuilt at restore) or sits beside
+                     "originals_released_bytes": int(sum(s.released_bytes for s in self._stores.values())),
+                     "originals_kept_bytes": int(sum(s.kept_bytes for s in self._stores.values()))},
             "groups": [g.name for g in self._groups],
             "issue": self.issue_order,
             "stage_threads": self.stage_threads,
@@ -391,18 +396,30 @@ class OffloadManager(Recorder):
                 # a pin granted to a resident layer's host copy is honoured: that copy is packed
                 # (and page-locked on cuda), so the plan's pinned bytes are what is really locked
                 granted = self._pin_rank(g.name, i) is not None
-                store.host_fill(pin=pin and granted, file_backed=file_backed)
+                store.host_fill(pin=pin and granted, file_backed=file_backed, exclusive=self._exclusive)
+                self._count_released(store)
                 bufs = store.alloc_device(self.device)
                 store.copy_into(bufs, non_blocking=False)
                 store.bind(bufs)
                 self._resident_bufs[(g.name, i)] = bufs
                 self._ledger(store.nbytes)
             else:
-                store.host_fill(pin=pin and tier == "pinned", file_backed=file_backed)
+                store.host_fill(pin=pin and tier == "pinned", file_backed=file_backed,
+                                exclusive=self._exclusive)
+                self._count_released(store)
                 store.unbind({dt: self._placeholder(dt) for dt in store.sizes()})
+
+    def _count_released(self, store: LayerStore) -> None:
+        if self.backend_name == "cuda":
+            # a layer original the model had on the device is freed once its parameters are
+            # rebound: from now its bytes count as the manager's, so device_bytes never reads
+            # below zero (the high-water mark since the start still includes them)
+            self._cuda_base -= store.released_device_bytes
 
     def _init(self) -> None:
         layer_ids = self._layer_param_ids()
+        # read before anything moves: every parameter and buffer of the model, as found
+        self._exclusive = exclusive_storages([*self.model.parameters(), *self.model.buffers()])
         if self.init_strategy == "grouped":
             by_name = {g.name: g for g in self._groups}
             for name in self.plan.init_order:

@@ -1,19 +1,26 @@
 """Host stores: where one layer's weights live between uses, and how they come back.
 
 A :class:`LayerStore` owns the host side of one layer in its tier and the bookkeeping to put
-each parameter back exactly as it was. Every parameter keeps its original tensor (its
-storage, storage offset and strides), which restore gives back: views stay views of what they
-viewed, tied tensors stay tied. Where the tier needs memory of its own (page-locked for
+each parameter back exactly as it was. Where the tier needs memory of its own (page-locked for
 ``pinned`` on cuda; anonymous for ``pinned``/``pageable`` over checkpoint pages or device
-originals) the layer is also packed into one buffer per dtype; otherwise the originals are
-the store. In the device buffers and in packed stores each parameter occupies its *strided
+originals) the layer is packed into one buffer per dtype; otherwise the originals are the
+store. In the device buffers and in packed stores each parameter occupies its *strided
 extent* (the span of its storage it addresses), so on the device it has its original strides.
+
+A packed store *replaces* the original of a parameter that owns its storage alone (the storage
+is exactly the parameter's extent, from offset 0, no other parameter or buffer of the model
+overlaps it, and it is not checkpoint pages): that original is released, so the layer's
+bytes are not held twice, and restore rebuilds it — a fresh storage of the same size on the
+same device (page-locked only if the original was), the values copied back from the store,
+the same shape, strides and offset. Every other original is kept and given back as it was
+(same storage: views stay views of what they viewed, tensors sharing a storage still share
+it); its bytes are alive through the other references anyway. Tied tensors stay tied.
 """
 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +70,58 @@ def flat_extent(t: torch.Tensor) -> torch.Tensor:
     return t.detach().as_strided((extent(t),), (1,), t.storage_offset())
 
 
+StorageKey = tuple[str, int]
+
+
+def storage_key(t: torch.Tensor) -> StorageKey:
+    """The device and first byte of the storage under ``t``: the same for every view of it."""
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def exclusive_storages(tensors: Iterable[torch.Tensor]) -> set[StorageKey]:
+    """Keys of the storages that one of ``tensors`` owns alone: it spans the whole storage from
+    offset 0, and no other of ``tensors`` (the same object twice counts once) has a storage
+    overlapping it.
+
+    Overlap is by address range rather than storage object, so two storages over the same
+    memory (``torch.frombuffer`` twice, say) are both shared.
+
+    >>> bank = torch.zeros(4, 3)
+    >>> w, t = torch.zeros(3, 5), torch.zeros(5, 3).t()
+    >>> keys = exclusive_storages([bank, bank[1], w, w, t, torch.zeros(8)[:4]])
+    >>> sorted(k in keys for k in map(storage_key, (bank, w, t)))
+    [False, True, True]
+    """
+    spans: list[tuple[str, int, int, bool]] = []
+    seen: set[int] = set()
+    for t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        st = t.untyped_storage()
+        lo, n = st.data_ptr(), st.nbytes()
+        if n == 0:
+            continue
+        whole = t.storage_offset() == 0 and extent(t) * t.element_size() == n
+        spans.append((str(t.device), lo, lo + n, whole))
+    spans.sort()
+    out: set[StorageKey] = set()
+    reach: dict[str, int] = {}  # per device: the highest end of the spans sorted before this one
+    for k, (dev, lo, hi, whole) in enumerate(spans):
+        before = reach.get(dev, lo) > lo
+        nxt = spans[k + 1] if k + 1 < len(spans) else None
+        after = nxt is not None and nxt[0] == dev and nxt[1] < hi
+        if whole and not before and not after:
+            out.add((dev, lo))
+        reach[dev] = max(reach.get(dev, hi), hi)
+    return out
+
+
+def _is_pinned(t: torch.Tensor) -> bool:
+    # only cuda pins host memory here; asking before cuda is initialised would initialise it
+    return t.device.type == "cpu" and torch.cuda.is_initialized() and t.is_pinned()
+
+
 @dataclass
 class ParamSlot:
     """One parameter of a layer: where its extent sits in the per-dtype buffers, and its original."""
@@ -77,7 +136,10 @@ class ParamSlot:
     extent: int  # elements of storage the tensor spans (numel for a dense tensor)
     orig_device: torch.device
     orig_requires_grad: bool
-    orig_data: torch.Tensor  # the original tensor: restore gives it back (storage, offset, strides)
+    # the original tensor: restore gives it back (storage, offset, strides); None once released
+    # (the packed store replaced it), when restore rebuilds it on orig_device
+    orig_data: torch.Tensor | None
+    orig_pinned: bool = False  # a released original was page-locked host memory
 
     def view_in(self, buf: torch.Tensor) -> torch.Tensor:
         """This parameter, with its original shape and strides, over its extent in ``buf``."""
@@ -85,6 +147,14 @@ class ParamSlot:
 
     def region(self, buf: torch.Tensor) -> torch.Tensor:
         return buf[self.offset:self.offset + self.extent]
+
+    def rebuild(self, buf: torch.Tensor) -> torch.Tensor:
+        """A released original again: a fresh storage of its extent on its device (page-locked
+        if it was), the values of its region in ``buf``, the original shape and strides."""
+        fresh = torch.empty(self.extent, dtype=self.dtype, device=self.orig_device,
+                            pin_memory=self.orig_pinned)
+        _copy(fresh, self.region(buf), False)
+        return fresh.as_strided(self.shape, self.stride, 0)
 
 
 def exact_pinned(nbytes: int) -> tuple[torch.Tensor, int]:
@@ -160,16 +230,21 @@ class LayerStore:
             offsets[p.dtype] = -(-(off + n) // step) * step
         return cls(group, index, tier, slots)
 
-    def host_fill(self, pin: bool, file_backed: Callable[[torch.Tensor], bool]) -> None:
+    def host_fill(self, pin: bool, file_backed: Callable[[torch.Tensor], bool],
+                  exclusive: Collection[StorageKey] = ()) -> None:
         """Create the host side of this layer for its tier.
 
-        Every original stays referenced (restore gives it back). A layer is packed into one
-        buffer per dtype only where the tier needs memory of its own: page-locked memory
-        (``pin``), or anonymous host memory for a ``pinned``/``pageable`` layer whose
-        originals are checkpoint pages (``file_backed``) or on a device. ``mapped``,
-        ``staged`` and ``resident`` layers and anonymous host originals are their own store,
-        so no memory is spent twice. An ``orig_data`` set beforehand (the naive init
-        strategy moved the original to the device) is the host original and wins.
+        A layer is packed into one buffer per dtype only where the tier needs memory of its
+        own: page-locked memory (``pin``), or anonymous host memory for a ``pinned``/``pageable``
+        layer whose originals are checkpoint pages (``file_backed``) or on a device.
+        ``mapped``, ``staged`` and ``resident`` layers and anonymous host originals are their
+        own store, so no memory is spent twice. An ``orig_data`` set beforehand (the naive
+        init strategy moved the original to the device) is the host original and wins.
+
+        Once packed, the store's reference to each original whose storage is in ``exclusive``
+        (see :func:`exclusive_storages`; checkpoint pages never are released) is dropped:
+        the original's memory is freed when the parameter is rebound. Every other original
+        stays referenced and restore gives it back.
         """
         if pin:
             need = True
@@ -202,6 +277,31 @@ class LayerStore:
                 self.buffers[dt] = torch.empty(n, dtype=dt, device="cpu")
         for s in self.slots:
             s.region(self.buffers[s.dtype]).copy_(flat_extent(s.orig_data))
+        # released only once every copy is in: restore after an interrupt above finds each
+        # parameter still on its original
+        for s in self.slots:
+            o = s.orig_data
+            if storage_key(o) in exclusive and not (o.device.type == "cpu" and file_backed(o)):
+                s.orig_device, s.orig_pinned = o.device, _is_pinned(o)
+                s.orig_data = None
+
+    @property
+    def released_bytes(self) -> int:
+        """Bytes of the originals this store replaced (freed once the parameters are rebound)."""
+        return sum(s.extent * s.dtype.itemsize for s in self.slots if s.orig_data is None)
+
+    @property
+    def released_device_bytes(self) -> int:
+        """Of :attr:`released_bytes`, those of originals on a device (not host memory)."""
+        return sum(s.extent * s.dtype.itemsize for s in self.slots
+                   if s.orig_data is None and s.orig_device.type != "cpu")
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the originals kept beside a packed store (shared storages, checkpoint pages)."""
+        if not self.buffers:
+            return 0
+        return sum(s.extent * s.dtype.itemsize for s in self.slots if s.orig_data is not None)
 
     # -- device side ---------------------------------------------------------------------------
     def alloc_device(self, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
@@ -272,20 +372,25 @@ class LayerStore:
     # -- restore -------------------------------------------------------------------------------
     def restore(self) -> None:
         """Give every parameter its original tensor back: same storage, storage offset, strides,
-        values, dtype, device and requires_grad.
+        values, dtype, device and requires_grad; a released original is rebuilt from the
+        packed store (same size, strides, offset, device and pinnedness; a new storage).
 
         Safe to call again after an interrupt cut it short, and on a store whose fill never
         finished (its parameters were never rebound, so they keep their originals).
         """
         if self._restored:
             return
+        for s in self.slots:
+            if self._detached:
+                if s.orig_data is None:
+                    # kept on the slot at once, so a retry rebinds it rather than copying again
+                    s.orig_data = s.rebuild(self.buffers[s.dtype])
+                s.param.data = s.orig_data
+            s.param.requires_grad_(s.orig_requires_grad)
+        # the page-locked buffers are let go only after every rebuild has read them
         if self._raw is not None:
             if self._registered:
                 unpin(self._raw)
             self._raw, self.pinned_bytes = None, 0
-        for s in self.slots:
-            if self._detached:
-                s.param.data = s.orig_data
-            s.param.requires_grad_(s.orig_requires_grad)
         self._restored = True
         self.buffers = {}
