@@ -25,6 +25,15 @@ layer, kernel or copy is found (a plain CPU profile of a model, or only ``cpu_op
 raises :class:`TraceFormatError` saying what it holds (events, complete events by category)
 and how to label layers.
 
+**Options.** The label, the layer pattern and the caps above are the fields of one frozen
+:class:`TraceImportOptions`, checked when it is built (a bad pattern, a negative cap or a bool
+for an int is one :class:`TraceImportError` line), and passed as ``options=`` in place of the
+``label`` / ``layer_pattern`` keywords; its defaults are the caps above:
+
+>>> from offload_lab.record.kineto import TraceImportOptions
+>>> opts = TraceImportOptions(label="capped", max_value_chars=4 << 20)
+>>> run = from_torch_profiler("tests/data/traces/gpu_two_steps.json", options=opts)  # doctest: +SKIP
+
 **Mapping** onto the frames:
 
 - **copies** — ``gpu_memcpy`` rows named ``Memcpy HtoD (<src> -> Device)`` become ``copy``
