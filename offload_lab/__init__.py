@@ -35,6 +35,7 @@ _EXPORTS = {
     "Run": "record.run",
     "OffloadManager": "record.runtime", "offload": "record.runtime", "profile": "record.runtime",
     "observe": "record.observer", "from_torch_profiler": "record.kineto",
+    "TraceImportOptions": "record.kineto",
     "to_chrome_trace": "record.chrome_trace", "gather": "record.gather",
     "compare": "analysis.comparison", "bound": "analysis.summary", "metrics": "analysis.summary",
     "DeviceProfile": "simulation.profile", "simulate": "simulation.engine",

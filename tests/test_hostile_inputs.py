@@ -399,28 +399,26 @@ def test_a_trace_of_unlabelled_complete_events_says_what_it_holds(tmp_path):
     assert "has no complete" not in msg
 
 
-def test_a_trace_value_longer_than_any_event_is_refused(tmp_path, monkeypatch):
-    from offload_lab.record.kineto import reader
+def test_a_trace_value_longer_than_any_event_is_refused(tmp_path):
+    from offload_lab.record.kineto import TraceImportOptions
 
-    monkeypatch.setattr(reader, "MAX_VALUE_CHARS", 1 << 20)
     p = tmp_path / "long.json"
     p.write_text('{"traceEvents": [{"ph": "X", "name": "' + "a" * (4 << 20) + '"}]}')
     with pytest.raises(TraceFormatError) as e:
-        from_torch_profiler(p)
+        from_torch_profiler(p, options=TraceImportOptions(max_value_chars=1 << 20))
     _one_line(e.value, "goes on for more than 1 MiB")
 
 
-def test_the_trace_cap_bounds_the_decompressed_text(tmp_path, monkeypatch):
+def test_the_trace_cap_bounds_the_decompressed_text(tmp_path):
     import gzip
 
-    from offload_lab.record.kineto import reader
+    from offload_lab.record.kineto import TraceImportOptions
 
-    monkeypatch.setattr(reader, "MAX_TRACE_BYTES", 4 << 20)
     p = tmp_path / "wide.json.gz"
     p.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (16 << 20) + b"]}"))
     assert p.stat().st_size < 1 << 20
     with pytest.raises(TraceFormatError) as e:
-        from_torch_profiler(p)
+        from_torch_profiler(p, options=TraceImportOptions(max_decompressed_bytes=4 << 20))
     _one_line(e.value, "more than 4 MiB of JSON once decompressed")
 
 

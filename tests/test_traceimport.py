@@ -3,6 +3,7 @@ malformed and truncated files."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
@@ -23,6 +24,7 @@ from offload_lab.record.kineto import (
     NO_LAYER,
     TraceFormatError,
     TraceImportError,
+    TraceImportOptions,
     from_torch_profiler,
     iter_trace_events,
 )
@@ -510,3 +512,95 @@ def test_hta_traces_are_the_unmodified_copies_with_their_licence():
     for name, digest in HTA_SHA256.items():
         assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
     assert "MIT License" in (DATA / "LICENSE-HTA").read_text()
+
+
+# -- one validated options object ---------------------------------------------------------------
+SHIPPED = sorted(p for p in DATA.iterdir() if p.name.endswith((".json", ".json.gz")))
+
+
+def test_default_options_are_todays_caps_and_give_the_same_runs():
+    from offload_lab.reading import MAX_TRACE_BYTES
+
+    opts = TraceImportOptions()
+    assert (opts.max_bytes, opts.max_decompressed_bytes, opts.max_value_chars) == (
+        MAX_TRACE_BYTES, MAX_TRACE_BYTES, ti.reader.MAX_VALUE_CHARS)
+    assert opts.layer_pattern is None and opts.default_patterns
+    assert [p.pattern for p in opts.patterns] == [ti.DEFAULT_LAYER_PATTERN]
+    assert offload_lab.TraceImportOptions is TraceImportOptions
+    assert len(SHIPPED) == 4
+    for path in SHIPPED:
+        assert_same_run(from_torch_profiler(path), from_torch_profiler(path, options=opts))
+
+
+def test_options_carry_the_label_and_pattern_of_the_keywords():
+    pattern = r"(?P<group>blocks)\.(?P<layer>\d+)"
+    by_keywords = from_torch_profiler(FIXTURE, label="kw", layer_pattern=[pattern])
+    opts = TraceImportOptions(label="kw", layer_pattern=[pattern])
+    by_options = from_torch_profiler(FIXTURE, options=opts)
+    assert_same_run(by_keywords, by_options)
+    assert by_options.meta["label"] == "kw" and by_options.meta["layer_source"] == "layer_pattern"
+    # compiled once, kept as a tuple: the object is frozen and hashable, equal to one built alike
+    assert opts.layer_pattern == (re.compile(pattern),) and opts == TraceImportOptions(label="kw",
+                                                                                       layer_pattern=pattern)
+    assert hash(opts) == hash(TraceImportOptions(label="kw", layer_pattern=re.compile(pattern)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.max_bytes = 1
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"layer_pattern": r"blocks\.\d+"}, ["layer_pattern 'blocks\\\\.\\\\d+'", "no named group 'layer'"]),
+    ({"layer_pattern": [r"(?P<layer>\d+)", 7]}, ["layer_pattern 7 is not a regular expression"]),
+    ({"max_bytes": -1}, ["max_bytes = -1; accepted: an int ≥ 1"]),
+    ({"max_decompressed_bytes": 0}, ["max_decompressed_bytes = 0; accepted: an int ≥ 1"]),
+    ({"max_decompressed_bytes": 2.5}, ["max_decompressed_bytes = 2.5"]),
+    ({"max_value_chars": True}, ["max_value_chars = True; accepted: an int ≥ 1048576"]),
+    ({"max_value_chars": 100}, ["max_value_chars = 100", "1 MiB"]),
+    ({"label": 5}, ["label = 5; accepted: a str or None"]),
+])
+def test_options_are_validated_in_one_line(kwargs, words):
+    with pytest.raises(TraceImportError) as e:
+        TraceImportOptions(**kwargs)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+    assert isinstance(e.value, offload_lab.OffloadLabError)
+
+
+def test_options_and_keywords_together_are_refused():
+    with pytest.raises(TraceImportError) as e:
+        from_torch_profiler(FIXTURE, "mine", options=TraceImportOptions())
+    assert "\n" not in str(e.value) and "options=" in str(e.value) and "label='mine'" in str(e.value)
+    with pytest.raises(TraceImportError, match=r"options= and layer_pattern="):
+        from_torch_profiler(FIXTURE, layer_pattern=r"(?P<layer>\d+)", options=TraceImportOptions())
+    with pytest.raises(TraceImportError, match=r"options = \{'max_bytes': 1\}; accepted: a TraceImportOptions"):
+        from_torch_profiler(FIXTURE, options={"max_bytes": 1})
+
+
+def test_a_lowered_value_cap_refuses_a_long_name(tmp_path):
+    trace = json.loads(FIXTURE.read_text())
+    trace["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "a" * (3 << 20), "pid": 1, "tid": 1,
+                                 "ts": 1000, "dur": 1})
+    p = tmp_path / "long_name.json"
+    p.write_text(json.dumps(trace))
+    assert len(from_torch_profiler(p).events) == len(from_torch_profiler(FIXTURE).events)
+    small = TraceImportOptions(max_value_chars=1 << 20)
+    with pytest.raises(TraceFormatError, match=r"long_name.json: a JSON value at byte \d+ goes on for more "
+                                               r"than 1 MiB"):
+        from_torch_profiler(p, options=small)
+    with pytest.raises(TraceFormatError, match="goes on for more than 1 MiB"):
+        list(iter_trace_events(p, small))
+    # the shipped traces hold no value near that long
+    assert_same_run(from_torch_profiler(FIXTURE, options=small), from_torch_profiler(FIXTURE))
+
+
+def test_lowered_size_caps_are_honoured(tmp_path):
+    with pytest.raises(TraceFormatError, match=r"of at most 1 KiB"):
+        from_torch_profiler(FIXTURE, options=TraceImportOptions(max_bytes=1024))
+    gz = tmp_path / "fixture.json.gz"
+    gz.write_bytes(gzip.compress(FIXTURE.read_bytes()))
+    assert gz.stat().st_size < 8 << 10 < FIXTURE.stat().st_size
+    capped = TraceImportOptions(max_decompressed_bytes=8 << 10)
+    with pytest.raises(TraceFormatError, match=r"fixture.json.gz: the trace holds more than 8 KiB of JSON once "
+                                               r"decompressed"):
+        from_torch_profiler(gz, options=capped)
+    # the decompressed cap is for gzipped text; a plain file is bounded by max_bytes alone
+    assert_same_run(from_torch_profiler(FIXTURE, options=capped), from_torch_profiler(FIXTURE))

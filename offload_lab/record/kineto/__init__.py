@@ -25,6 +25,15 @@ layer, kernel or copy is found (a plain CPU profile of a model, or only ``cpu_op
 raises :class:`TraceFormatError` saying what it holds (events, complete events by category)
 and how to label layers.
 
+**Options.** The label, the layer pattern and the caps above are the fields of one frozen
+:class:`TraceImportOptions`, checked when it is built (a bad pattern, a negative cap or a bool
+for an int is one :class:`TraceImportError` line), and passed as ``options=`` in place of the
+``label`` / ``layer_pattern`` keywords; its defaults are the caps above:
+
+>>> from offload_lab.record.kineto import TraceImportOptions
+>>> opts = TraceImportOptions(label="capped", max_value_chars=4 << 20)
+>>> run = from_torch_profiler("tests/data/traces/gpu_two_steps.json", options=opts)  # doctest: +SKIP
+
 **Mapping** onto the frames:
 
 - **copies** — ``gpu_memcpy`` rows named ``Memcpy HtoD (<src> -> Device)`` become ``copy``
@@ -94,45 +103,42 @@ from typing import Any
 from offload_lab.checks import is_int
 from offload_lab.record.gather import merge_ranks
 from offload_lab.record.kineto.build import NO_GROUP, NO_LAYER, build_run
-from offload_lab.record.kineto.collect import (
+from offload_lab.record.kineto.collect import MODULE_PATTERN, UNNAMED_GROUP, collect_events
+from offload_lab.record.kineto.options import (
     DEFAULT_LAYER_PATTERN,
-    MODULE_PATTERN,
-    UNNAMED_GROUP,
-    Matcher,
-    collect_events,
-    compile_patterns,
+    TraceImportError,
+    TraceImportOptions,
 )
 from offload_lab.record.kineto.reader import (
     Reader,
     TraceFormatError,
-    TraceImportError,
     TraceText,
     iter_trace_events,
     open_trace,
 )
 from offload_lab.record.run import Run
 
-__all__ = ["from_torch_profiler", "iter_trace_events", "TraceImportError", "TraceFormatError",
-           "DEFAULT_LAYER_PATTERN", "MODULE_PATTERN", "NO_GROUP", "NO_LAYER", "UNNAMED_GROUP"]
+__all__ = ["from_torch_profiler", "iter_trace_events", "TraceImportOptions", "TraceImportError",
+           "TraceFormatError", "DEFAULT_LAYER_PATTERN", "MODULE_PATTERN", "NO_GROUP", "NO_LAYER",
+           "UNNAMED_GROUP"]
 
 
-def _import_file(path: Path, label: str | None, layer_pattern: Any, source: str | None = None) -> Run:
-    patterns, default = compile_patterns(layer_pattern)
+def _import_file(path: Path, options: TraceImportOptions, label: str | None = None,
+                 source: str | None = None) -> Run:
     source = source or path.name
-    raw, gz = open_trace(path)
+    raw, gz = open_trace(path, options)
     with raw:
-        reader = Reader(TraceText(raw, source, gz), read_python_functions=not default)
-        module_match = Matcher([re.compile(MODULE_PATTERN)]) if default else None
-        col = collect_events(reader, source, Matcher(patterns), module_match)
+        reader = Reader(TraceText(raw, source, gz, options), read_python_functions=not options.default_patterns)
+        col = collect_events(reader, source, options)
     if label is None:
         label = path.name.removesuffix(".gz").removesuffix(".json") or path.name
-    return build_run(col, reader, source, label, patterns, default)
+    return build_run(col, reader, source, label, options)
 
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def _import_dir(path: Path, label: str | None, layer_pattern: Any) -> Run:
+def _import_dir(path: Path, options: TraceImportOptions) -> Run:
     """One multi-rank Run from a directory of per-rank traces (rank from ``distributedInfo``)."""
     files = sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     if not files:
@@ -140,7 +146,7 @@ def _import_dir(path: Path, label: str | None, layer_pattern: Any) -> Run:
                                f"{' or '.join(TRACE_SUFFIXES)} file per rank")
     runs, ranks = [], []
     for f in files:
-        run = _import_file(f, None, layer_pattern)
+        run = _import_file(f, options)
         info = (run.meta.get("trace") or {}).get("distributedInfo")
         rank = info.get("rank") if isinstance(info, dict) else None
         if not is_int(rank) or rank < 0:
@@ -155,11 +161,12 @@ def _import_dir(path: Path, label: str | None, layer_pattern: Any) -> Run:
     # Kineto timestamps of one node share a clock: put every rank on the earliest rank's origin
     origins = [float(r.meta.get("time_origin_us") or 0.0) for r in runs]
     offsets = [(o - min(origins)) / 1e6 for o in origins]
-    return merge_ranks(runs, ranks, label=label or f"{path.name} · {len(runs)} ranks", offsets_s=offsets)
+    return merge_ranks(runs, ranks, label=options.label or f"{path.name} · {len(runs)} ranks", offsets_s=offsets)
 
 
 def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str | None = None,
-                        layer_pattern: str | re.Pattern | Sequence[str | re.Pattern] | None = None) -> Run:
+                        layer_pattern: str | re.Pattern | Sequence[str | re.Pattern] | None = None, *,
+                        options: TraceImportOptions | None = None) -> Run:
     """A :class:`Run` (backend ``trace``) from a Kineto chrome trace or a finished profiler.
 
     ``trace_or_profiler`` is a path to a ``.json`` / ``.json.gz`` trace (gzip is detected by
@@ -170,6 +177,8 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
     annotation names to layers through named groups ``layer`` and optionally ``group``; the
     default finds ``<group>.<idx>`` in ``record_function`` labels and falls back to
     ``nn.Module: <Class>_<idx>`` spans. The module docstring lists every mapping rule.
+    ``options`` (a :class:`TraceImportOptions`) holds the label, the pattern and the size caps
+    in one validated object, in place of the two keywords (passing both is refused).
 
     >>> import torch
     >>> from torch.profiler import profile, record_function
@@ -186,20 +195,20 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
     Raises :class:`TraceFormatError` (a ``ValueError``) for malformed or truncated files, naming
     the problem and where it is (event index and byte offset).
     """
+    options = _options(options, label, layer_pattern)
     if isinstance(trace_or_profiler, (str, os.PathLike)):
         path = Path(trace_or_profiler)
         if path.is_dir():
-            return _import_dir(path, label, layer_pattern)
+            return _import_dir(path, options)
         if not path.exists():
             raise FileNotFoundError(f"trace {str(path)!r} does not exist")
         # anything but a regular file (a FIFO, a device) is refused by the reader, unopened
-        return _import_file(path, label, layer_pattern)
+        return _import_file(path, options, options.label)
     export = getattr(trace_or_profiler, "export_chrome_trace", None)
     if not callable(export):
         raise TraceImportError(
             f"cannot import {type(trace_or_profiler).__name__} {trace_or_profiler!r:.80}: pass a path to "
             f"a chrome trace (.json or .json.gz) or a torch.profiler.profile object")
-    compile_patterns(layer_pattern)  # a bad pattern fails before the export
     with tempfile.TemporaryDirectory(prefix="offload-lab-trace-") as tmp:
         path = Path(tmp) / "trace.json"
         try:
@@ -214,5 +223,19 @@ def from_torch_profiler(trace_or_profiler: str | os.PathLike | Any, label: str |
                 raise TraceImportError(
                     f"cannot export the profiler's trace ({type(e).__name__}: {e}); call "
                     f"from_torch_profiler after the profiler has stopped (after its `with` block)") from e
-        return _import_file(path, label if label is not None else "torch.profiler", layer_pattern,
+        return _import_file(path, options, options.label if options.label is not None else "torch.profiler",
                             source="torch.profiler (live)")
+
+
+def _options(options: Any, label: Any, layer_pattern: Any) -> TraceImportOptions:
+    """The one options object of an import, from ``options=`` or from the two keywords."""
+    if options is None:
+        return TraceImportOptions(label=label, layer_pattern=layer_pattern)
+    if not isinstance(options, TraceImportOptions):
+        raise TraceImportError(f"options = {options!r:.80}; accepted: a TraceImportOptions or None")
+    given = [f"{k}={v!r:.40}" for k, v in (("label", label), ("layer_pattern", layer_pattern)) if v is not None]
+    if given:
+        raise TraceImportError(f"from_torch_profiler got both options= and {' and '.join(given)}: pass "
+                               f"{' and '.join(k.split('=')[0] for k in given)} inside TraceImportOptions(...) "
+                               f"or as keywords, not both")
+    return options

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from offload_lab.record.kineto.collect import CATS, CPU_OP, GPU_MEMSET, Collected
+from offload_lab.record.kineto.options import TraceImportOptions
 from offload_lab.record.kineto.reader import Reader, TraceFormatError
 from offload_lab.record.run import Run
 
@@ -366,8 +368,8 @@ def _nothing_to_show(c: Collected, reader: Reader, name: str) -> TraceFormatErro
         f"'offload_lab.copy <group>.<i>'")
 
 
-def build_run(c: Collected, reader: Reader, source: str, label: str, patterns: list[re.Pattern],
-           default_patterns: bool) -> Run:
+def build_run(c: Collected, reader: Reader, source: str, label: str, options: TraceImportOptions) -> Run:
+    """The Run of what was collected; ``label`` is the one resolved from ``options.label``."""
     name = source
     if c.t0 == float("inf"):
         if any(v > 0 for v in c.by_cat.values()):
@@ -376,7 +378,7 @@ def build_run(c: Collected, reader: Reader, source: str, label: str, patterns: l
             raise _nothing_to_show(c, reader, name)
         raise TraceFormatError(f"{name}: the trace has no complete ('ph': 'X') events with a duration "
                                f"({reader.n_events:,} events read)")
-    layer_source, cpu_spans, gpu_spans = _layer_spans(c, default_patterns)
+    layer_source, cpu_spans, gpu_spans = _layer_spans(c, options.default_patterns)
     if layer_source == "none" and not len(c.k_ts) and not c.copies:
         raise _nothing_to_show(c, reader, name)
     tr = _Trace(c, cpu_spans, gpu_spans)
@@ -386,7 +388,7 @@ def build_run(c: Collected, reader: Reader, source: str, label: str, patterns: l
     plan_layers, tiers, mixed = _placement(tr, compute, cp)
     run_id = uuid.uuid4().hex[:12]
     events, outside, unused = _events(tr, compute, cp, hb, tiers, run_id)
-    meta = _meta(c, reader, source, label, run_id, patterns, layer_source, compute_source,
+    meta = _meta(c, reader, source, label, run_id, options.patterns, layer_source, compute_source,
                  mixed, outside, unused, len(tr.step_ids))
     return Run.build(events, _bounds(tr, events), plan_layers, meta=meta)
 
@@ -398,7 +400,7 @@ def _first_seen(keys: list[tuple[str, int]], lid: int) -> int:
 
 
 def _meta(c: Collected, reader: Reader, source: str, label: str, run_id: str,
-          patterns: list[re.Pattern], layer_source: str, compute_source: str, mixed: list[str],
+          patterns: Sequence[re.Pattern], layer_source: str, compute_source: str, mixed: list[str],
           outside: dict[str, int], unused: dict[str, int], n_steps: int) -> dict[str, Any]:
     h = reader.header
     props = h.get("deviceProperties")

@@ -9,14 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from offload_lab.record.kineto.reader import Reader, TraceFormatError, TraceImportError
+from offload_lab.record.kineto.options import TraceImportOptions
+from offload_lab.record.kineto.reader import Reader, TraceFormatError
 from offload_lab.record.schema import MAX_INDEX as FRAME_MAX_INDEX
 
 #: the group of layers matched by a ``layer_pattern`` without a (non-empty) ``group`` group
 UNNAMED_GROUP = "layers"
 
-#: ``<group>.<idx>`` anywhere in a label: ``blocks.17``, ``token_refiner.blocks.3.attn``.
-DEFAULT_LAYER_PATTERN = r"(?<![\w.])(?P<group>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\.(?P<layer>\d+)(?![\w])"
 #: ``nn.Module: Block_3`` as written by torch.profiler with ``with_stack=True``.
 MODULE_PATTERN = r"^nn\.Module: (?P<group>[A-Za-z_]\w*?)_(?P<layer>\d+)$"
 
@@ -62,35 +61,6 @@ class Matcher:
         if len(self.cache) < 1_000_000:
             self.cache[name] = hit
         return hit
-
-
-def compile_patterns(layer_pattern: Any) -> tuple[list[re.Pattern], bool]:
-    """Returns the patterns and whether they are the default (which enables the nn.Module fallback)."""
-    if layer_pattern is None:
-        return [re.compile(DEFAULT_LAYER_PATTERN)], True
-    if isinstance(layer_pattern, (str, re.Pattern)):
-        items = [layer_pattern]
-    elif isinstance(layer_pattern, (list, tuple)):
-        items = list(layer_pattern)
-    else:
-        items = [layer_pattern]  # refused just below, with what is accepted
-    out = []
-    for p in items:
-        if not isinstance(p, (str, re.Pattern)):
-            raise TraceImportError(f"layer_pattern {p!r} is not a regular expression: pass a str or "
-                                   f"re.Pattern (or a list of them) with named groups 'layer' and "
-                                   f"optionally 'group'")
-        try:
-            rx = re.compile(p) if isinstance(p, str) else p
-        except re.error as e:
-            raise TraceImportError(f"layer_pattern {p!r} is not a valid regular expression: {e}") from None
-        if "layer" not in rx.groupindex:
-            raise TraceImportError(f"layer_pattern {rx.pattern!r} has no named group 'layer': write e.g. "
-                                   f"r'(?P<group>blocks)\\.(?P<layer>\\d+)'")
-        out.append(rx)
-    if not out:
-        raise TraceImportError("layer_pattern is an empty list: pass at least one regular expression")
-    return out, False
 
 
 def _num(ev: dict, key: str, here: Callable[[], int], name: str) -> float:
@@ -293,7 +263,11 @@ def _memcpy(c: Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _La
     c.copies.append((ts, dur, lane, _corr(args), nbytes, tier))
 
 
-def collect_events(reader: Reader, name: str, match: Matcher, module_match: Matcher | None) -> Collected:
+def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Collected:
+    """What the frames need from every event of ``reader``, layers named by ``options.patterns``
+    (and ``nn.Module`` spans when those are the default)."""
+    match = Matcher(options.patterns)
+    module_match = Matcher([re.compile(MODULE_PATTERN)]) if options.default_patterns else None
     # The per-event loop of the import (millions of rows): the two hot categories (kernels and
     # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
     c = Collected()

@@ -12,13 +12,17 @@ from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
-from offload_lab.errors import OffloadLabError
 from offload_lab.reading import (
-    MAX_TRACE_BYTES,
     InputFileError,
     MissingInputError,
     describe_size,
     open_binary,
+)
+from offload_lab.record.kineto.options import (
+    DEFAULT_OPTIONS,
+    MAX_VALUE_CHARS,
+    TraceImportError,
+    TraceImportOptions,
 )
 
 _CHUNK = 1 << 20
@@ -26,13 +30,8 @@ _CHUNK = 1 << 20
 _EDGE = 16
 _WS = re.compile(r"[ \t\n\r]*")
 _LOW = 1 << 16        # refill before fewer than this many characters are left
-#: the largest single JSON value (one event, one top-level entry) the reader holds: a trace's
-#: events are a few hundred bytes; a longer value is not waited for to its end
-MAX_VALUE_CHARS = 64 << 20
-
-
-class TraceImportError(OffloadLabError, ValueError):
-    """A bad argument to :func:`from_torch_profiler` (input type, layer pattern, profiler state)."""
+__all__ = ["TraceImportError", "TraceFormatError", "TraceText", "Reader", "open_trace", "iter_trace_events",
+           "MAX_VALUE_CHARS"]
 
 
 class TraceFormatError(TraceImportError):
@@ -47,8 +46,10 @@ class TraceFormatError(TraceImportError):
 class TraceText:
     """Decoded text of a (possibly gzipped) file, read chunk by chunk, with byte offsets."""
 
-    def __init__(self, fh: Any, name: str, gz: bool):
+    def __init__(self, fh: Any, name: str, gz: bool, options: TraceImportOptions = DEFAULT_OPTIONS):
         self.fh, self.name, self.gz = fh, name, gz
+        self.max_value_chars = options.max_value_chars
+        self.max_text = options.text_cap(gz)
         self.dec = codecs.getincrementaldecoder("utf-8")()
         self.buf = ""
         self.base = 0          # byte offset (of the decompressed stream) of buf[0]
@@ -60,9 +61,9 @@ class TraceText:
         """Drop ``buf[:pos]``, append one more chunk; returns the new ``pos`` (0)."""
         if self.eof:
             return pos
-        if len(self.buf) - pos > MAX_VALUE_CHARS:
+        if len(self.buf) - pos > self.max_value_chars:
             raise TraceFormatError(f"{self.name}: a JSON value at {self.where(pos)} goes on for more than "
-                                   f"{describe_size(MAX_VALUE_CHARS)}; a trace event is at most that long")
+                                   f"{describe_size(self.max_value_chars)}; a trace event is at most that long")
         try:
             data = self.fh.read(_CHUNK)
         except EOFError:
@@ -79,8 +80,8 @@ class TraceText:
         if not data:
             self.eof = True
         self.read += len(data)
-        if self.read > MAX_TRACE_BYTES:
-            raise TraceFormatError(f"{self.name}: the trace holds more than {describe_size(MAX_TRACE_BYTES)} of "
+        if self.read > self.max_text:
+            raise TraceFormatError(f"{self.name}: the trace holds more than {describe_size(self.max_text)} of "
                                    f"JSON{' once decompressed' if self.gz else ''}, the most a trace may hold")
         self.base = self.offset(pos)
         self.buf = self.buf[pos:] + text
@@ -459,13 +460,13 @@ class _Gunzip:
         self.fh.close()
 
 
-def open_trace(path: Path) -> tuple[Any, bool]:
-    """The trace file opened (a regular file of at most MAX_TRACE_BYTES: never a FIFO or a
+def open_trace(path: Path, options: TraceImportOptions = DEFAULT_OPTIONS) -> tuple[Any, bool]:
+    """The trace file opened (a regular file of at most ``options.max_bytes``: never a FIFO or a
     device), through a gunzip when its content is gzip."""
     try:
-        fh = open_binary(path, "trace", MAX_TRACE_BYTES,
+        fh = open_binary(path, "trace", options.max_bytes,
                          accepted=f"a torch.profiler trace (.json or .json.gz) of at most "
-                                  f"{describe_size(MAX_TRACE_BYTES)}")
+                                  f"{describe_size(options.max_bytes)}")
     except MissingInputError:
         raise
     except InputFileError as e:
@@ -477,18 +478,21 @@ def open_trace(path: Path) -> tuple[Any, bool]:
     return fh, False
 
 
-def iter_trace_events(path: str | os.PathLike) -> Iterator[dict]:
+def iter_trace_events(path: str | os.PathLike, options: TraceImportOptions = DEFAULT_OPTIONS) -> Iterator[dict]:
     """Stream the ``traceEvents`` of a chrome trace (``.json`` or gzipped), one dict at a time.
 
-    Memory stays bounded by one chunk plus one event, whatever the size of the file.
+    Memory stays bounded by one chunk plus one event, whatever the size of the file; the size
+    caps are those of ``options`` (a :class:`TraceImportOptions`).
 
     >>> sum(1 for e in iter_trace_events("tests/data/traces/hta-alexnet.json.gz"))  # doctest: +SKIP
     1408
     """
     path = Path(path)
-    raw, gz = open_trace(path)
+    if not isinstance(options, TraceImportOptions):
+        raise TraceImportError(f"options = {options!r:.80}; accepted: a TraceImportOptions")
+    raw, gz = open_trace(path, options)
     with raw:
-        reader = Reader(TraceText(raw, path.name, gz), decode_all=True)
+        reader = Reader(TraceText(raw, path.name, gz, options), decode_all=True)
         for pairs, _, _ in reader.events():
             for ev, _ in pairs:
                 yield ev
