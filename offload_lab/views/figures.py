@@ -451,7 +451,8 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     return make_figure(
         [bar], make_title(head, "median per step · whiskers: fastest..slowest step · ratio to the first run "
                             f"of the same model, tokens and backend · {note}"),
-        130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names), xaxis=xaxis,
+        # at least ~200 px of plot for a few runs: the x title and subtitle take their share
+        max(380, 130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names)), xaxis=xaxis,
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
         showlegend=False, bargap=0.3)
 
@@ -500,7 +501,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
     if df["gbps"].notna().any():
         xaxis["range"] = [0, float(df["gbps"].max()) * 1.2]
     return make_figure(
-        traces, title, 150 + len(runs) * (14 * len(tiers) + 22), xaxis=xaxis,
+        traces, title, max(400, 150 + len(runs) * (14 * len(tiers) + 22)), xaxis=xaxis,
         # every run keeps its row, even one without copies
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
         barmode="group", bargap=0.25)
@@ -563,7 +564,10 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
     rows = {p: unique_names([b[2] for b in bars if b[0] == p]) for p in panels}
     strategies = list(dict.fromkeys(b[1] for b in bars))
     colors = {s: RUN_COLORS[k % len(RUN_COLORS)] for k, s in enumerate(strategies)}
-    row_px, gap_px = 26, 84  # per bar; between panels room for an x title and the next panel's name
+    gap_px = 84  # between panels: room for an x title and the next panel's name
+    n_rows = sum(max(2, len(rows[p])) for p in panels)
+    # bars of 26 px, taller when there are few: the plot area stays at least ~220 px
+    row_px = max(26.0, (220 - gap_px * (len(panels) - 1)) / n_rows)
     plot_px = sum(max(2, len(rows[p])) * row_px for p in panels) + gap_px * (len(panels) - 1)
     traces, axes, notes, top = [], {}, [], 1.0
     for k, p in enumerate(panels):
@@ -592,7 +596,7 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
                             pattern=fill_pattern([SIM_PATTERN if part[j][4] else "" for j in idx])),
                 hovertemplate=f"%{{y}}<br>%{{x:.4g}} {unit} · %{{customdata}}<extra></extra>"))
         top -= span + gap_px / plot_px
-    height = plot_px + 56 + 14 * 4 + 30 + 110
+    height = int(plot_px) + 56 + 14 * 4 + 30 + 110
     fig = make_figure(traces, title, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"),
                       barmode="overlay", showlegend=True, bargap=0.25, annotations=notes, **axes)
     # the first panel's name sits above the plot: room for it under the subtitle
@@ -652,7 +656,7 @@ def host_ledger(plan: Any) -> go.Figure:
             marker=dict(color=colors.get(name, LEDGER_COLORS.get(name, "#7f7f7f")), line=dict(width=1, color="white")),
             text=[format_bytes(v)], textposition="inside", insidetextanchor="middle", textangle=0,
             hovertemplate=f"{name}: {format_bytes(v)}<br>{why}<extra></extra>"))
-    return make_figure(traces, title, 360, xaxis=dict(title_text=unit, rangemode="tozero"),
+    return make_figure(traces, title, 400, xaxis=dict(title_text=unit, rangemode="tozero"),
                        yaxis=dict(type="category", categoryorder="array", categoryarray=[used, have]),
                        barmode="stack", bargap=0.35, legend_traceorder="normal", uniformtext=dict(minsize=9, mode="hide"))
 
@@ -707,7 +711,7 @@ def tier_bytes(plans_or_runs: Any) -> go.Figure:
             text=[format_bytes(x) if x else "" for x in v], textposition="inside", insidetextanchor="middle", textangle=0,
             customdata=[format_bytes(x) for x in v],
             hovertemplate=f"%{{y}}<br>{esc(tier)}: %{{customdata}}<extra></extra>"))
-    return make_figure(traces, title, max(300, 190 + 34 * len(items) + 14 * sum(n.count("<br>") for n in names)),
+    return make_figure(traces, title, max(400, 190 + 34 * len(items) + 14 * sum(n.count("<br>") for n in names)),
                        xaxis=dict(title_text=unit, rangemode="tozero"),
                        yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
                        barmode="stack", bargap=0.3, legend_traceorder="normal", uniformtext=dict(minsize=9, mode="hide"))
