@@ -139,7 +139,7 @@ def test_repr_html_is_an_isolated_iframe(saved):
 
 def test_plan_only_report(h3_plan, tmp_path):
     rep = report([], plan=h3_plan)
-    assert set(rep.figures) == {"plan-tier-map", "startup-peaks"}
+    assert set(rep.figures) == {"plan-tier-map", "startup-peaks", "host-ledger", "tier-bytes"}
     assert "minimax-h3" in rep.title
     assert rep.save(tmp_path / "plan.html").stat().st_size > 0
 
@@ -164,7 +164,7 @@ def test_saved_runs_make_the_same_report(tmp_path, measured):
     loaded = [Run.load(r.save(tmp_path / f"r{i}.zip")) for i, r in enumerate(measured)]
     rep = report(loaded)
     assert rep.comparison["label"].tolist() == [r.label for r in measured]
-    assert len(rep.figures) == 2 + 3 * len(measured) + 1
+    assert len(rep.figures) == 2 + 3 * len(measured) + 1 + 1  # + bytes per tier
 
 
 PROBES = {
