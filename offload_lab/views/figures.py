@@ -315,7 +315,7 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     step = max(1, int(math.ceil(len(lay) / 30)))
     ticks = pos[::step]
     shapes, notes = _group_marks(lay, groups) if multi else ([], [])
-    return make_figure(
+    fig = make_figure(
         traces, title, 380,
         xaxis=dict(tickvals=ticks, ticktext=[str(v) for v in lay["layer"].to_numpy()[::step]],
                    range=[-0.6, len(lay) - 0.4], showgrid=False,
@@ -324,21 +324,29 @@ def tier_map(plan_or_run: Any) -> go.Figure:
         # room above the tallest bar for its rank
         yaxis=dict(title_text=f"{unit} per layer", range=[0, float(np.nanmax(size)) * (1.22 if many else 1.12)]),
         barmode="overlay", bargap=0.15, shapes=shapes, annotations=notes)
+    # room above the plot for the staggered group names
+    return fig.update_layout(margin_t=fig.layout.margin.t + 34) if len(groups) > 3 else fig
 
 
 def _group_marks(lay: pd.DataFrame, groups: list[str]) -> tuple[list[dict], list[dict]]:
     """Dashed lines between groups and each group's name above its span (tier map)."""
     shapes, notes = [], []
     g = lay["group"].astype(str).to_numpy()
-    for name in groups:
+    # many groups (a whole pipeline) have narrow spans: their names alternate over three rows so
+    # neighbours do not print over each other
+    rows = 3 if len(groups) > 3 else 1
+    for k, name in enumerate(groups):
         where = np.flatnonzero(g == name)
         lo, hi = int(where.min()), int(where.max())
         # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
         # label stays inside the plot instead of spilling past the y axis
-        first = lo == 0
-        notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
-                          y=1.0, xref="x", yref="paper", yanchor="bottom",
-                          text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
+        # label stays inside the plot instead of spilling past the y axis; a last one of many
+        # ends at the right edge, for the same reason
+        first, last = lo == 0, hi == len(g) - 1 and len(groups) > 3
+        notes.append(dict(x=lo - 0.5 if first else hi + 0.5 if last else (lo + hi) / 2,
+                          xanchor="left" if first else "right" if last else "center",
+                          y=1.0, xref="x", yref="paper", yanchor="bottom", yshift=14 * (k % rows),
+                          text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11 if rows == 1 else 10}))
         if lo > 0:
             shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
                                line=dict(color="#666", width=1, dash="dash")))
@@ -575,6 +583,8 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
         part = [b for b in bars if b[0] == p]
         div, unit = byte_unit(max(b[3] for b in part))
         span = max(2, len(part)) * row_px / plot_px
+        # bars about 24 px thick however tall the panel: a lone bar is not a slab
+        width = min(0.75, 24 / (max(2, len(part)) * row_px / len(part)))
         axes[f"yaxis{ax}"] = dict(domain=[max(top - span, 0.0), top], anchor=f"x{ax}", type="category",
                                   categoryorder="array", categoryarray=rows[p][::-1], automargin=True)
         axes[f"xaxis{ax}"] = dict(anchor=f"y{ax}", rangemode="tozero", automargin=True,
@@ -589,7 +599,7 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
             traces.append(dict(
                 type="bar", orientation="h", y=[rows[p][j] for j in idx], x=[part[j][3] / div for j in idx],
                 name=s, legendgroup=s, showlegend=not any(t["name"] == s for t in traces),
-                xaxis=f"x{ax}", yaxis=f"y{ax}", text=[format_bytes(part[j][3]) for j in idx],
+                xaxis=f"x{ax}", yaxis=f"y{ax}", width=width, text=[format_bytes(part[j][3]) for j in idx],
                 textposition="outside", cliponaxis=False, customdata=[part[j][5] for j in idx],
                 marker=dict(color=colors[s], line=dict(width=0),
                             opacity=[0.55 if "(predicted)" in rows[p][j] else 1.0 for j in idx],
