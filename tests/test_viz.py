@@ -211,6 +211,11 @@ def test_startup_peaks_from_plan_and_runs(h3_plan, measured):
     fig = viz.startup_peaks([h3_plan, *measured])
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
     assert fig.layout.xaxis.title.text == "GiB at startup" and fig.layout.xaxis2.title.text != "GiB at startup"
+    # a plan of the very model the cpu runs ran sits with them, on their axis (both MiB-small)
+    _spec, same = offload_lab.plan_of_run(measured[0])
+    fig = viz.startup_peaks([same, *measured])
+    assert {t.xaxis for t in fig.data} == {"x"} and any("(predicted)" in y for t in fig.data for y in t.y)
+    assert "cpu-backend runs" in fig.layout.annotations[0].text
     with pytest.raises(VizError, match="item 0 is int"):
         viz.startup_peaks([3])
     with pytest.raises(VizError, match="expected a Plan, a Run, or a list"):

@@ -538,18 +538,24 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
     items = list(items)
     # bars: (panel, strategy, row label, bytes, simulated, hover note)
     bars: list[tuple[str, str, str, float, bool, str]] = []
-    gpu, cpu = "planner prediction and GPU runs", "cpu backend (weights it holds as its device)"
+    gpu, cpu = "gpu", "cpu"
+    # a plan is drawn beside the runs of its own size: a plan of a model scaled down for the cpu
+    # backend predicts MiB, and belongs with those runs, not on a GiB axis
+    cpu_sizes = {int(it.layers["bytes"].sum()) for it in items
+                 if isinstance(it, Run) and it.backend == "cpu" and not it.simulated and len(it.layers)}
     for i, it in enumerate(items):
         if is_plan(it):
             spec = getattr(it, "spec", None)
             name = f"plan of {short_label(getattr(spec, 'name', f'plan {i}'), 30)}"
+            size = int(it.layers["bytes"].sum()) if len(it.layers) else -1
+            where = cpu if size in cpu_sizes else gpu
             for s in ("grouped", "naive"):
                 try:
                     y = float(it.startup_peak(s))
                 except (AttributeError, ValueError, TypeError):
                     continue
                 if math.isfinite(y):
-                    bars.append((gpu, s, f"{name} · {s} (predicted)", y, False, "predicted by the planner"))
+                    bars.append((where, s, f"{name} · {s} (predicted)", y, False, "predicted by the planner"))
         elif isinstance(it, Run):
             peak, strat = it.meta.get("startup_peak_bytes"), it.meta.get("init_strategy")
             if peak is None or strat is None:
@@ -590,7 +596,11 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
         axes[f"xaxis{ax}"] = dict(anchor=f"y{ax}", rangemode="tozero", automargin=True,
                                   title=dict(text=f"{unit} at startup", standoff=4),
                                   range=[0, max(b[3] for b in part) / div * 1.3])
-        notes.append(dict(text=f"<b>{esc(p)}</b>", xref="paper", yref="paper", x=0, y=top, xanchor="left",
+        kinds = [k for k, there in (("planner prediction", any("(predicted)" in r for r in rows[p])),
+                                    ("GPU runs" if p == gpu else "cpu-backend runs (the weights it holds as "
+                                     "its device, not GPU memory)", any("(predicted)" not in r for r in rows[p])))
+                 if there]
+        notes.append(dict(text=f"<b>{' and '.join(kinds)}</b>", xref="paper", yref="paper", x=0, y=top, xanchor="left",
                           yanchor="bottom", showarrow=False, font={"size": 11}))
         for s in strategies:
             idx = [j for j, b in enumerate(part) if b[1] == s]
