@@ -215,6 +215,16 @@ def test_repr_html_renders_in_an_iframe(saved, browsed):
     assert page.figures == page.rendered == len(rep.figures)
 
 
+def test_cpu_runs_do_not_pair_a_gpu_estimate_with_what_they_hold(measured):
+    # the cpu backend has no device memory: the planner's estimate and what the backend holds
+    # are two rows, never "predicted X · measured Y"
+    assert all(r.backend == "cpu" and isinstance(r.meta.get("device_peak"), dict) for r in measured)
+    text = Html(report(measured).to_html())
+    assert text.count("<th>device peak (planner estimate)</th>") == len(measured)
+    assert text.count("<th>cpu backend holds (measured)</th>") == len(measured)
+    assert "(estimate) · measured" not in text
+
+
 def test_warnings_from_run_meta(simulated, tmp_path):
     # a saved run whose plan did not fit, with a warning from its producer
     run = Run.load(simulated[0].save(tmp_path / "sim.zip"))

@@ -131,8 +131,8 @@ def _device_peak_rows(r: Run) -> list[dict[str, str]]:
         # peak comparable with the planner's GPU estimate, so the two stand apart
         return [_row("device peak (planner estimate)", f"{fmt_bytes(d['predicted_bytes'])}{of}: what a GPU "
                                                        f"run of this plan would hold"),
-                _row("held as the cpu backend's device", f"{fmt_bytes(d.get('measured_bytes'))} "
-                                                         f"({d.get('measured_how', '')}); not GPU memory")]
+                _row("cpu backend holds (measured)", f"{fmt_bytes(d.get('measured_bytes'))}: "
+                                                     f"{d.get('measured_how', '')}; not GPU memory")]
     return [_row("device peak", f"predicted {fmt_bytes(d['predicted_bytes'])} (estimate){of} · measured "
                                 f"{fmt_bytes(d.get('measured_bytes'))} ({d.get('measured_how', '')})")]
 
