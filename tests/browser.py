@@ -149,6 +149,63 @@ def open_pages(visits: list[Visit], width: int = 1280, height: int = 900,
     return results
 
 
+# -- layout of every figure, read from the DOM plotly.js drew ---------------------------------
+# per figure div: its box, its title's box (title + subtitle), every axis title's box, the
+# legend's box and whether the legend scrolls, and each plot area's box (the drag rectangles:
+# one per subplot); boxes are [left, top, right, bottom] in page pixels, null when absent
+FIGURE_LAYOUT = """[...document.querySelectorAll('.plotly-graph-div.js-plotly-plot')].map(d => {
+  const box = e => { const b = e.getBoundingClientRect();
+    return (b.width > 0 && b.height > 0) ? [b.left, b.top, b.right, b.bottom] : null; };
+  const boxes = s => [...d.querySelectorAll(s)].map(box).filter(b => b);
+  const title = [...d.querySelectorAll('.infolayer > .g-gtitle, .infolayer > .g-gtitle-subtitle')]
+    .map(box).filter(b => b);
+  const bar = d.querySelector('.legend .scrollbar');
+  return {id: d.id, box: box(d), titles: title,
+          axis_titles: boxes('.infolayer [class^="g-x"][class$="title"] text, .infolayer [class^="g-y"][class$="title"] text'),
+          legend: d.querySelector('.legend') ? box(d.querySelector('.legend .bg') || d.querySelector('.legend')) : null,
+          legend_scrolls: !!bar && Number(bar.getAttribute('height') || 0) > 0,
+          plots: boxes('.draglayer .nsewdrag')};
+})"""
+
+
+def _overlap(a: list[float], b: list[float], slack: float = 1.0) -> bool:
+    return a[0] < b[2] - slack and b[0] < a[2] - slack and a[1] < b[3] - slack and b[1] < a[3] - slack
+
+
+def layout_problems(figures: list[dict], min_plot_px: float = 200.0, min_panel_px: float = 48.0) -> list[str]:
+    """What is wrong with the layout of each figure probed by :data:`FIGURE_LAYOUT`: a title
+    over an axis title, a legend outside its figure or scrolling, a plot area under
+    ``min_plot_px`` wide or tall (a subplot of it under ``min_panel_px`` tall). An empty list
+    when every figure reads."""
+    out = []
+    for f in figures:
+        name = f["id"]
+        if f["box"] is None:
+            out.append(f"{name}: not laid out (no box)")
+            continue
+        for t in f["titles"]:
+            for a in f["axis_titles"]:
+                if _overlap(t, a):
+                    out.append(f"{name}: the title {t} overlaps an axis title {a}")
+        lg = f["legend"]
+        if lg is not None:
+            fb = f["box"]
+            if lg[0] < fb[0] - 1 or lg[1] < fb[1] - 1 or lg[2] > fb[2] + 1 or lg[3] > fb[3] + 1:
+                out.append(f"{name}: the legend {lg} lies outside the figure {fb}")
+            if f["legend_scrolls"]:
+                out.append(f"{name}: the legend scrolls")
+        if f["plots"]:
+            # the plot area: all subplots together; a panel of a few bars may be short, never a sliver
+            ps = f["plots"]
+            w = max(p[2] for p in ps) - min(p[0] for p in ps)
+            h = max(p[3] for p in ps) - min(p[1] for p in ps)
+            if w < min_plot_px or h < min_plot_px:
+                out.append(f"{name}: a plot area of {w:.0f} × {h:.0f} px (under {min_plot_px:.0f} px)")
+            for p in ps:
+                if p[2] - p[0] < min_plot_px or p[3] - p[1] < min_panel_px:
+                    out.append(f"{name}: a subplot of {p[2] - p[0]:.0f} × {p[3] - p[1]:.0f} px")
+    return out
+
 
 # -- a real JupyterLab server, for the dashboard tests ------------------------------------------
 

@@ -139,7 +139,7 @@ def test_repr_html_is_an_isolated_iframe(saved):
 
 def test_plan_only_report(h3_plan, tmp_path):
     rep = report([], plan=h3_plan)
-    assert set(rep.figures) == {"plan-tier-map", "startup-peaks"}
+    assert set(rep.figures) == {"plan-tier-map", "startup-peaks", "host-ledger", "tier-bytes"}
     assert "minimax-h3" in rep.title
     assert rep.save(tmp_path / "plan.html").stat().st_size > 0
 
@@ -164,7 +164,7 @@ def test_saved_runs_make_the_same_report(tmp_path, measured):
     loaded = [Run.load(r.save(tmp_path / f"r{i}.zip")) for i, r in enumerate(measured)]
     rep = report(loaded)
     assert rep.comparison["label"].tolist() == [r.label for r in measured]
-    assert len(rep.figures) == 2 + 3 * len(measured) + 1
+    assert len(rep.figures) == 2 + 3 * len(measured) + 1 + 1  # + bytes per tier
 
 
 PROBES = {
@@ -213,6 +213,16 @@ def test_repr_html_renders_in_an_iframe(saved, browsed):
     page = browsed[1]
     assert page.page_errors == [] and page.console_errors == [] and page.dialogs == []
     assert page.figures == page.rendered == len(rep.figures)
+
+
+def test_cpu_runs_do_not_pair_a_gpu_estimate_with_what_they_hold(measured):
+    # the cpu backend has no device memory: the planner's estimate and what the backend holds
+    # are two rows, never "predicted X · measured Y"
+    assert all(r.backend == "cpu" and isinstance(r.meta.get("device_peak"), dict) for r in measured)
+    text = Html(report(measured).to_html())
+    assert text.count("<th>device peak (planner estimate)</th>") == len(measured)
+    assert text.count("<th>cpu backend holds (measured)</th>") == len(measured)
+    assert "(estimate) · measured" not in text
 
 
 def test_warnings_from_run_meta(simulated, tmp_path):

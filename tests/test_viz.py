@@ -43,7 +43,9 @@ def test_timeline_lanes_and_traces_single_group(measured):
     assert {y for t in fig.data for y in t.y} <= {"compute", "copy"}
     fig = viz.timeline(pageable)
     names = {t.name for t in fig.data}
-    assert {"compute · pageable", "copy · pageable", "host blocked (staging copy)"} <= names
+    # the legend says what blocked the host in this run: a pageable copy, not a staging copy
+    assert {"compute · pageable", "copy · pageable", "host blocked by a pageable copy"} <= names
+    assert not any("staging" in n for n in names)
     lanes = {y for t in fig.data for y in t.y}
     assert lanes == {"compute", "copy", "host"}
     host = next(t for t in fig.data if t.name.startswith("host blocked"))
@@ -64,7 +66,7 @@ def test_timeline_two_groups_many_layers(h3_sim):
                      "copy · token_refiner.blocks", "copy · blocks", "host"]
     names = {t.name for t in fig.data}
     assert {"copy · pinned", "copy · pageable", "compute · pinned", "compute · pageable",
-            "host blocked (staging copy)"} <= names
+            "host blocked by a pageable copy"} <= names
     assert _bars(fig) == len(h3_sim.events) > 52 * 5
     assert len(fig.data) <= 10
     # the step selector: one button per step plus "all steps", opening on the first step
@@ -191,26 +193,75 @@ def test_bandwidth_per_tier(measured, h3_sim):
 
 def test_startup_peaks_from_plan_and_runs(h3_plan, measured):
     fig = viz.startup_peaks(h3_plan)
-    (pred,) = fig.data
-    assert list(pred.x) == ["grouped", "naive"]
-    assert pred.y[0] < pred.y[1]  # grouped init never makes later groups transiently resident
+    grouped, naive = fig.data  # one trace per strategy, one bar per prediction
+    assert (grouped.name, naive.name) == ("grouped", "naive")
+    assert grouped.x[0] < naive.x[0]  # grouped init never makes later groups transiently resident
+    assert all("(predicted)" in t.y[0] for t in fig.data)
     fig = viz.startup_peaks(measured)
-    assert [t.name for t in fig.data] == ["measured · pinned", "measured · &lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"]
-    assert all(list(t.x) == [r.meta["init_strategy"]] for t, r in zip(fig.data, measured))
-    # a simulated run's peak is never labelled measured
+    # both cpu runs used one strategy: one trace, one bar each, no empty group for "naive"
+    (bar,) = fig.data
+    assert bar.name == measured[0].meta["init_strategy"] and len(bar.y) == len(measured)
+    assert bar.y[1].startswith("&lt;/script&gt;") and all("measured" in c for c in bar.customdata)
+    # a simulated run's peak is never labelled measured; it is drawn on the GPU panel
     sim = Run.build([], [], measured[0].layers, meta={
         "label": "predicted", "simulated": True, "startup_peak_bytes": 2**30, "init_strategy": "naive"})
     (bar,) = viz.startup_peaks([sim]).data
-    assert bar.name == "simulated · predicted (simulated)" and "measured" not in bar.hovertemplate
+    assert bar.name == "naive" and list(bar.customdata) == ["simulated"]
+    # cpu-backend runs (MiB) and GPU-scale bars (GiB) never share an axis
+    fig = viz.startup_peaks([h3_plan, *measured])
+    assert {t.xaxis for t in fig.data} == {"x", "x2"}
+    assert fig.layout.xaxis.title.text == "GiB at startup" and fig.layout.xaxis2.title.text != "GiB at startup"
+    # a plan of the very model the cpu runs ran sits with them, on their axis (both MiB-small)
+    _spec, same = offload_lab.plan_of_run(measured[0])
+    fig = viz.startup_peaks([same, *measured])
+    assert {t.xaxis for t in fig.data} == {"x"} and any("(predicted)" in y for t in fig.data for y in t.y)
+    assert "cpu-backend runs" in fig.layout.annotations[0].text
     with pytest.raises(VizError, match="item 0 is int"):
         viz.startup_peaks([3])
     with pytest.raises(VizError, match="expected a Plan, a Run, or a list"):
         viz.startup_peaks(3)
 
 
+def test_host_ledger_and_tier_bytes(h3_plan, measured):
+    led = h3_plan.ledger
+    fig = viz.host_ledger(h3_plan)
+    parts = {t.name: t.x[0] for t in fig.data}
+    gib = 2**30
+    # what the host has adds up to what is available; what the plan spends to the spendable
+    assert abs((parts["reserve"] + parts["spendable"]) * gib - led["available"]) < 2**20
+    assert abs(parts["pinned"] * gib - led["pinned_bytes"]) < 2**20
+    spent = sum(v for k, v in parts.items() if k not in ("reserve", "spendable", "over spendable"))
+    if led["net_anonymous_bytes"] <= led["spendable"]:
+        assert abs(spent * gib - led["spendable"]) < 2**20
+    with pytest.raises(VizError, match="expected an offload_lab.Plan"):
+        viz.host_ledger(measured[0])
+    fig = viz.tier_bytes([h3_plan, *measured])
+    # the plan's bar is the largest, so the axis reads in GiB
+    for t in fig.data:
+        want = h3_plan.layers.loc[h3_plan.layers["tier"] == t.name, "bytes"].sum()
+        assert abs(t.x[0] * gib - want) < 2**20, t.name
+    assert list(fig.data[0].y)[0] == "plan of minimax-h3" and len(fig.data[0].y) == 1 + len(measured)
+    with pytest.raises(VizError, match="item 0 is int"):
+        viz.tier_bytes([3])
+
+
+def test_tier_map_labels_every_pinned_rank_and_no_resident(h3_plan):
+    fig = viz.tier_map(h3_plan)
+    for t in fig.data:
+        ranks = [x for x in t.text if x]
+        if t.name == "pinned":
+            assert len(ranks) == len(t.x) and t.textposition == "outside"
+        else:
+            assert ranks == [], t.name
+    plan = offload_lab.plan(catalog.load("wan2.1-t2v-14b"), resident=3, pin_budget="16GiB", host=HOST)
+    res = [t for t in viz.tier_map(plan).data if t.name == "resident"]
+    assert res and all(not x for x in res[0].text)  # resident layers never stream: no rank
+
+
 def test_figure_json_cannot_end_a_script_element(measured):
     figs = [viz.timeline(measured[1]), viz.step_times(measured), viz.memory(measured[1]),
-            viz.tier_map(measured[1]), viz.bandwidth(measured), viz.startup_peaks(measured)]
+            viz.tier_map(measured[1]), viz.bandwidth(measured), viz.startup_peaks(measured),
+            viz.tier_bytes(measured)]
     for fig in figs:
         text = fig.to_json()
         assert "</script" not in text.lower()

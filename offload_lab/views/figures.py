@@ -70,6 +70,7 @@ from offload_lab.views.figure_kit import (
     sim_tag,
     tier_color,
     title_label,
+    unique_names,
 )
 
 
@@ -218,18 +219,32 @@ def timeline(run: Run, step: int | None = None) -> go.Figure:
             extra = {"opacity": 0.55} if k == "compute" else {}
             add(((kind == k) & (tiers == tier)).to_numpy(), f"{k} · {esc(tier)}", tier_color(tier), tier, **extra)
     add((kind == "wait").to_numpy(), "stall (waiting for weights)", STALL_COLOR, "wait")
-    add((kind == "host_block").to_numpy(), "host blocked (staging copy)", HOST_BLOCK_COLOR, "host_block",
-        pattern=fill_pattern("/", size=6))
+    # named by what blocked the host in this run: a pageable copy, a mapped read, a staging copy
+    blocked = (kind == "host_block").to_numpy()
+    for tier in dict.fromkeys(tiers[blocked]):
+        add(blocked & (tiers == tier).to_numpy(), host_block_name(tier), HOST_BLOCK_COLOR, "host_block",
+            pattern=fill_pattern("/", size=6))
     add((kind == "stage").to_numpy(), "host memcpy into a staging buffer", STAGE_COLOR, "stage")
 
     xrange, shapes, menus = _step_selector(ranges, float(start.min()), float(ev["end_s"].max()),
                                            scale, step is None)
     shapes = _call_shading(ev, scale) + shapes if multi_call else shapes
     return make_figure(
-        traces, title, int(min(170 + 44 * len(order), 480 if not order[0].startswith("rank ") else 1200)),
+        # at least ~200 px of plot however few lanes: a legend and axis title below take their share
+        traces, title, int(min(max(400, 200 + 44 * len(order)), 560 if not order[0].startswith("rank ") else 1200)),
         xaxis=dict(title_text=f"time ({unit} from run start)", range=xrange, zeroline=False),
         yaxis=dict(type="category", categoryorder="array", categoryarray=order[::-1], showgrid=False),
         barmode="overlay", bargap=0.2, shapes=shapes, updatemenus=menus)
+
+
+def host_block_name(tier: str) -> str:
+    """The legend entry of host-blocked intervals of a tier: what kept the host thread busy.
+
+    >>> host_block_name("mapped"), host_block_name("staged")
+    ('host blocked by a mapped read', 'host blocked by a staging copy')
+    """
+    what = {"pageable": "a pageable copy", "mapped": "a mapped read", "staged": "a staging copy"}
+    return f"host blocked by {what.get(str(tier), esc(f'a {tier} copy'))}"
 
 
 # -- tier map ---------------------------------------------------------------------------------
@@ -269,6 +284,8 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     tiers = lay["tier"].astype("string").fillna("unknown").astype(str)
     rank = lay["pin_rank"] if "pin_rank" in lay else pd.Series([pd.NA] * len(lay))
     rank_s = [("" if pd.isna(r) else str(int(r))) for r in rank]
+    # a resident layer's rank says nothing (it never streams): only pinned layers are labelled
+    label = [r if t == "pinned" else "" for r, t in zip(rank_s, tiers)]
     reason = (lay["reason"].astype("string").fillna("").map(esc) if "reason" in lay
               else pd.Series(["(reasons are in the plan)"] * len(lay)))
     streamed = lay["streamed"].astype("boolean").fillna(False) if "streamed" in lay else tiers != "resident"
@@ -285,40 +302,51 @@ def tier_map(plan_or_run: Any) -> go.Figure:
     div, unit = byte_unit(float(lay["bytes"].max()))
     size = lay["bytes"].to_numpy(dtype="float64") / div
     traces = []
+    many = len(lay) > 16
     for tier in [t for t in TIER_COLORS if t in set(tiers)] + sorted(set(tiers) - set(TIER_COLORS)):
         idx = np.flatnonzero((tiers == tier).to_numpy())
         traces.append(dict(
             type="bar", x=pos[idx], y=size[idx], name=esc(tier),
             marker=dict(color=tier_color(tier), line=dict(width=0)),
-            text=[rank_s[i] for i in idx], textposition="inside", insidetextanchor="end",
-            textfont=dict(color="white", size=10), customdata=custom[idx], hovertemplate=hover))
+            # above the bar, upright for many layers: every rank shows however narrow the bar
+            text=[label[i] for i in idx], textposition="outside", constraintext="none",
+            textangle=-90 if many else 0, cliponaxis=False,
+            textfont=dict(color="#333", size=9 if many else 10), customdata=custom[idx], hovertemplate=hover))
     step = max(1, int(math.ceil(len(lay) / 30)))
     ticks = pos[::step]
     shapes, notes = _group_marks(lay, groups) if multi else ([], [])
-    return make_figure(
-        traces, title, 320,
+    fig = make_figure(
+        traces, title, 380,
         xaxis=dict(tickvals=ticks, ticktext=[str(v) for v in lay["layer"].to_numpy()[::step]],
                    range=[-0.6, len(lay) - 0.4], showgrid=False,
                    title_text=("layer index per group" if multi else f"{esc(groups[0])} layer index")
-                   + " · bar text = pin rank"),
-        yaxis=dict(title_text=f"{unit} per layer", rangemode="tozero"),
-        barmode="overlay", bargap=0.15, shapes=shapes, annotations=notes,
-        uniformtext=dict(minsize=8, mode="hide"))
+                   + (" · text above a bar = pin rank" if any(label) else "")),
+        # room above the tallest bar for its rank
+        yaxis=dict(title_text=f"{unit} per layer", range=[0, float(np.nanmax(size)) * (1.22 if many else 1.12)]),
+        barmode="overlay", bargap=0.15, shapes=shapes, annotations=notes)
+    # room above the plot for the staggered group names
+    return fig.update_layout(margin_t=fig.layout.margin.t + 34) if len(groups) > 3 else fig
 
 
 def _group_marks(lay: pd.DataFrame, groups: list[str]) -> tuple[list[dict], list[dict]]:
     """Dashed lines between groups and each group's name above its span (tier map)."""
     shapes, notes = [], []
     g = lay["group"].astype(str).to_numpy()
-    for name in groups:
+    # many groups (a whole pipeline) have narrow spans: their names alternate over three rows so
+    # neighbours do not print over each other
+    rows = 3 if len(groups) > 3 else 1
+    for k, name in enumerate(groups):
         where = np.flatnonzero(g == name)
         lo, hi = int(where.min()), int(where.max())
         # a short first group (H3's 2-layer refiner) is labelled from its left edge, so the
         # label stays inside the plot instead of spilling past the y axis
-        first = lo == 0
-        notes.append(dict(x=lo - 0.5 if first else (lo + hi) / 2, xanchor="left" if first else "center",
-                          y=1.0, xref="x", yref="paper", yanchor="bottom",
-                          text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11}))
+        # label stays inside the plot instead of spilling past the y axis; a last one of many
+        # ends at the right edge, for the same reason
+        first, last = lo == 0, hi == len(g) - 1 and len(groups) > 3
+        notes.append(dict(x=lo - 0.5 if first else hi + 0.5 if last else (lo + hi) / 2,
+                          xanchor="left" if first else "right" if last else "center",
+                          y=1.0, xref="x", yref="paper", yanchor="bottom", yshift=14 * (k % rows),
+                          text=f"<b>{esc(name)}</b>", showarrow=False, font={"size": 11 if rows == 1 else 10}))
         if lo > 0:
             shapes.append(dict(type="line", x0=lo - 0.5, x1=lo - 0.5, yref="paper", y0=0, y1=1.06,
                                line=dict(color="#666", width=1, dash="dash")))
@@ -370,7 +398,7 @@ def memory(run: Run) -> go.Figure:
         name=label, mode="lines", line_shape="hv", line=dict(color=MEMORY_COLORS[col], width=2),
         hovertemplate=f"{label}: %{{y:.4g}} {unit} at %{{x:.4g}} {tunit}<extra></extra>")
         for col, label in names.items()]
-    return make_figure(traces, title, 300, xaxis=dict(title_text=f"time ({tunit} from run start)"),
+    return make_figure(traces, title, 380, xaxis=dict(title_text=f"time ({tunit} from run start)"),
                    yaxis=dict(title_text=unit, rangemode="tozero"))
 
 
@@ -431,7 +459,8 @@ def step_times(runs: Run | Sequence[Run]) -> go.Figure:
     return make_figure(
         [bar], make_title(head, "median per step · whiskers: fastest..slowest step · ratio to the first run "
                             f"of the same model, tokens and backend · {note}"),
-        130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names), xaxis=xaxis,
+        # at least ~200 px of plot for a few runs: the x title and subtitle take their share
+        max(380, 130 + 40 * len(runs) + 14 * sum(n.count("<br>") for n in names)), xaxis=xaxis,
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
         showlegend=False, bargap=0.3)
 
@@ -480,7 +509,7 @@ def bandwidth(runs: Run | Sequence[Run]) -> go.Figure:
     if df["gbps"].notna().any():
         xaxis["range"] = [0, float(df["gbps"].max()) * 1.2]
     return make_figure(
-        traces, title, 150 + len(runs) * (14 * len(tiers) + 22), xaxis=xaxis,
+        traces, title, max(400, 150 + len(runs) * (14 * len(tiers) + 22)), xaxis=xaxis,
         # every run keeps its row, even one without copies
         yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
         barmode="group", bargap=0.25)
@@ -491,74 +520,223 @@ def startup_peaks(plan_or_runs: Any) -> go.Figure:
 
     Accepts a Plan, a Run, or a list mixing both. Plans give ``startup_peak("grouped")`` and
     ``startup_peak("naive")``; runs give ``meta["startup_peak_bytes"]`` for their
-    ``meta["init_strategy"]``.
+    ``meta["init_strategy"]``. One panel per scale, each with its own byte unit: the planner's
+    predictions and runs on a GPU (or simulated on one) together, cpu-backend runs apart (there
+    the number is the weights the cpu backend holds as its device, not GPU memory). One bar per
+    plan prediction or run, coloured by strategy; a strategy nobody has a number for is not drawn.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("minimax-h3")
     >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="256GiB"))
     >>> [t.name for t in startup_peaks(plan).data]
-    ['predicted · plan of minimax-h3']
+    ['grouped', 'naive']
     """
     items = [plan_or_runs] if (isinstance(plan_or_runs, Run) or is_plan(plan_or_runs)) else plan_or_runs
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise VizError(f"startup_peaks() got {type(plan_or_runs).__name__} {plan_or_runs!r:.80}; "
                        f"expected a Plan, a Run, or a list of them")
     items = list(items)
-    strategies = ["grouped", "naive"]
-    predicted: list[tuple[str, list[float]]] = []       # (series name, bytes per strategy)
-    measured: list[tuple[str, str, float, bool, Any]] = []  # (strategy, run name, bytes, sim, predicted)
+    # bars: (panel, strategy, row label, bytes, simulated, hover note)
+    bars: list[tuple[str, str, str, float, bool, str]] = []
+    gpu, cpu = "gpu", "cpu"
+    # a plan is drawn beside the runs of its own size: a plan of a model scaled down for the cpu
+    # backend predicts MiB, and belongs with those runs, not on a GiB axis
+    cpu_sizes = {int(it.layers["bytes"].sum()) for it in items
+                 if isinstance(it, Run) and it.backend == "cpu" and not it.simulated and len(it.layers)}
     for i, it in enumerate(items):
         if is_plan(it):
-            ys = []
-            for s in strategies:
-                try:
-                    ys.append(float(it.startup_peak(s)))
-                except (AttributeError, ValueError, TypeError):
-                    ys.append(float("nan"))
             spec = getattr(it, "spec", None)
-            predicted.append((f"predicted · plan of {short_label(getattr(spec, 'name', f'plan {i}'), 30)}", ys))
+            name = f"plan of {short_label(getattr(spec, 'name', f'plan {i}'), 30)}"
+            size = int(it.layers["bytes"].sum()) if len(it.layers) else -1
+            where = cpu if size in cpu_sizes else gpu
+            for s in ("grouped", "naive"):
+                try:
+                    y = float(it.startup_peak(s))
+                except (AttributeError, ValueError, TypeError):
+                    continue
+                if math.isfinite(y):
+                    bars.append((where, s, f"{name} · {s} (predicted)", y, False, "predicted by the planner"))
         elif isinstance(it, Run):
             peak, strat = it.meta.get("startup_peak_bytes"), it.meta.get("init_strategy")
             if peak is None or strat is None:
                 continue
-            measured.append((str(strat), run_name(it, limit=40), float(peak), it.simulated,
-                             it.meta.get("predicted_startup_peak_bytes")))
+            pred = it.meta.get("predicted_startup_peak_bytes")
+            note = ("simulated" if it.simulated else "measured") + (
+                f" (planner predicted {format_bytes(pred)})" if isinstance(pred, (int, float)) and it.backend != "cpu" else "")
+            bars.append((cpu if it.backend == "cpu" and not it.simulated else gpu, esc(strat),
+                         f"{run_name(it, limit=30)} · {esc(strat)}", float(peak), it.simulated, note))
         else:
             raise VizError(f"startup_peaks() item {i} is {type(it).__name__} {it!r:.80}; "
                            f"expected an offload_lab.Plan or an offload_lab.Run")
-    for s in sorted({m[0] for m in measured} - set(strategies)):
-        strategies.append(s)
+    sim = any(b[4] for b in bars)
     title = make_title("Startup device peak per init strategy",
-                   "grouped: every group's layers to host stores first, then the rest to the device once"
-                   + (" · hatched = simulated" if any(m[3] for m in measured) else ""))
-    if not predicted and not measured:
+                       "grouped: every group's layers to host stores first, then the rest to the device once"
+                       + (" · hatched = simulated" if sim else ""))
+    if not bars:
         return empty_figure(title, "no startup peaks: pass a Plan or runs whose meta has startup_peak_bytes", 260)
-    values = [v for _, ys in predicted for v in ys if math.isfinite(v)] + [m[2] for m in measured]
-    div, unit = byte_unit(max(values) if values else 0.0)
+    panels = [p for p in (gpu, cpu) if any(b[0] == p for b in bars)]
+    rows = {p: unique_names([b[2] for b in bars if b[0] == p]) for p in panels}
+    strategies = list(dict.fromkeys(b[1] for b in bars))
+    colors = {s: RUN_COLORS[k % len(RUN_COLORS)] for k, s in enumerate(strategies)}
+    gap_px = 84  # between panels: room for an x title and the next panel's name
+    n_rows = sum(max(2, len(rows[p])) for p in panels)
+    # bars of 26 px, taller when there are few: the plot area stays at least ~220 px
+    row_px = max(26.0, (220 - gap_px * (len(panels) - 1)) / n_rows)
+    plot_px = sum(max(2, len(rows[p])) * row_px for p in panels) + gap_px * (len(panels) - 1)
+    traces, axes, notes, top = [], {}, [], 1.0
+    for k, p in enumerate(panels):
+        ax = "" if k == 0 else str(k + 1)
+        part = [b for b in bars if b[0] == p]
+        div, unit = byte_unit(max(b[3] for b in part))
+        span = max(2, len(part)) * row_px / plot_px
+        # bars about 24 px thick however tall the panel: a lone bar is not a slab
+        width = min(0.75, 24 / (max(2, len(part)) * row_px / len(part)))
+        axes[f"yaxis{ax}"] = dict(domain=[max(top - span, 0.0), top], anchor=f"x{ax}", type="category",
+                                  categoryorder="array", categoryarray=rows[p][::-1], automargin=True)
+        axes[f"xaxis{ax}"] = dict(anchor=f"y{ax}", rangemode="tozero", automargin=True,
+                                  title=dict(text=f"{unit} at startup", standoff=4),
+                                  range=[0, max(b[3] for b in part) / div * 1.3])
+        kinds = [k for k, there in (("planner prediction", any("(predicted)" in r for r in rows[p])),
+                                    ("GPU runs" if p == gpu else "cpu-backend runs (the weights it holds as "
+                                     "its device, not GPU memory)", any("(predicted)" not in r for r in rows[p])))
+                 if there]
+        notes.append(dict(text=f"<b>{' and '.join(kinds)}</b>", xref="paper", yref="paper", x=0, y=top, xanchor="left",
+                          yanchor="bottom", showarrow=False, font={"size": 11}))
+        for s in strategies:
+            idx = [j for j, b in enumerate(part) if b[1] == s]
+            if not idx:
+                continue
+            traces.append(dict(
+                type="bar", orientation="h", y=[rows[p][j] for j in idx], x=[part[j][3] / div for j in idx],
+                name=s, legendgroup=s, showlegend=not any(t["name"] == s for t in traces),
+                xaxis=f"x{ax}", yaxis=f"y{ax}", width=width, text=[format_bytes(part[j][3]) for j in idx],
+                textposition="outside", cliponaxis=False, customdata=[part[j][5] for j in idx],
+                marker=dict(color=colors[s], line=dict(width=0),
+                            opacity=[0.55 if "(predicted)" in rows[p][j] else 1.0 for j in idx],
+                            pattern=fill_pattern([SIM_PATTERN if part[j][4] else "" for j in idx])),
+                hovertemplate=f"%{{y}}<br>%{{x:.4g}} {unit} · %{{customdata}}<extra></extra>"))
+        top -= span + gap_px / plot_px
+    height = int(plot_px) + 56 + 14 * 4 + 30 + 110
+    fig = make_figure(traces, title, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"),
+                      barmode="overlay", showlegend=True, bargap=0.25, annotations=notes, **axes)
+    # the first panel's name sits above the plot: room for it under the subtitle
+    return fig.update_layout(margin_t=fig.layout.margin.t + 20)
+
+
+# -- bytes: the host-memory ledger and bytes per tier ----------------------------------------
+LEDGER_COLORS = {"reserve": "#9ca3af", "pinned": TIER_COLORS["pinned"], "pageable": TIER_COLORS["pageable"],
+                 "staging": TIER_COLORS["staged"], "headroom": "#d1fae5", "over": STALL_COLOR}
+
+
+def host_ledger(plan: Any) -> go.Figure:
+    """A plan's host-memory ledger as two stacked bars: what the host has (reserve + spendable)
+    and what the plan spends of it (pinned, pageable and other new anonymous bytes, staging
+    buffers, the headroom left, or how far it is over).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("minimax-h3")
+    >>> plan = offload_lab.plan(spec, pin_budget="8GiB", host=offload_lab.HostMemory(available="64GiB"))
+    >>> [t.name for t in host_ledger(plan).data]
+    ['reserve', 'spendable', 'pinned', 'pageable & other anonymous', 'headroom left']
+    """
+    if not is_plan(plan):
+        raise VizError(f"host_ledger() got {type(plan).__name__} {plan!r:.80}; expected an offload_lab.Plan")
+    led = getattr(plan, "ledger", None) or {}
+    spec = getattr(plan, "spec", None)
+    title = make_title(f"Host memory ledger · plan of {short_label(getattr(spec, 'name', 'a model'), 40)}",
+                       f"available {format_bytes(led.get('available'))} · pin budget {format_bytes(led.get('budget'))}"
+                       f" · {'fits' if led.get('fits', True) else 'does NOT fit'}")
+
+    def num(key: str) -> float:
+        v = led.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+    if not any(num(k) for k in ("available", "spendable", "net_anonymous_bytes")):
+        return empty_figure(title, "the plan has no host-memory ledger", 240)
+    spend, net = num("spendable"), num("net_anonymous_bytes")
+    pinned, staging = num("pinned_bytes"), num("staging_bytes")
+    left = spend - net
+    have, used = "host has", "plan spends"
+    parts = [(have, "reserve", num("reserve"), "kept for the OS and everything else"),
+             (have, "spendable", spend, "what the plan may spend"),
+             (used, "pinned", pinned, "page-locked host copies"),
+             (used, "pageable & other anonymous", max(net - pinned - staging, 0.0), "new anonymous host bytes"),
+             (used, "staging", staging, "staging buffers"),
+             (used, "headroom left" if left >= 0 else "over spendable", abs(left),
+              "spendable − net new anonymous bytes")]
+    div, unit = byte_unit(max(num("available"), spend + num("reserve"), net + num("reserve")))
+    colors = {"spendable": "#e5e7eb", "pageable & other anonymous": LEDGER_COLORS["pageable"],
+              "headroom left": LEDGER_COLORS["headroom"], "over spendable": LEDGER_COLORS["over"]}
     traces = []
-    for name, ys in predicted:
+    for row, name, v, why in parts:
+        if v <= 0:
+            continue
         traces.append(dict(
-            type="bar", x=strategies[:len(ys)], y=[y / div for y in ys], name=name,
-            marker=dict(color="#a3a3a3", line=dict(width=0)),
-            text=[format_bytes(y) if math.isfinite(y) else "" for y in ys], textposition="outside",
-            cliponaxis=False, hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} predicted<extra>{name}</extra>"))
-    for k, (strat, name, peak, sim, pred) in enumerate(measured):
-        # one trace per run: runs measured with the same strategy sit side by side
-        note = f" (planner predicted {format_bytes(pred)})" if isinstance(pred, (int, float)) else ""
-        how = "simulated" if sim else "measured"
-        traces.append(dict(
-            type="bar", x=[strat], y=[peak / div], name=f"{how} · {name}",
-            marker=dict(color=RUN_COLORS[k % len(RUN_COLORS)], line=dict(width=0),
-                        pattern=fill_pattern(SIM_PATTERN if sim else "")),
-            text=[format_bytes(peak)], textposition="outside", cliponaxis=False,
-            hovertemplate=f"%{{x}}: %{{y:.4g}} {unit} {how} by {name}{note}<extra></extra>"))
-    top = max(values) / div if values else 1.0
-    return make_figure(traces, title, 320,
-                   xaxis=dict(type="category", categoryorder="array", categoryarray=strategies),
-                   yaxis=dict(title_text=f"{unit} on the device at startup", range=[0, top * 1.2]),
-                   barmode="group", showlegend=True)
+            type="bar", orientation="h", y=[row], x=[v / div], name=name,
+            marker=dict(color=colors.get(name, LEDGER_COLORS.get(name, "#7f7f7f")), line=dict(width=1, color="white")),
+            text=[format_bytes(v)], textposition="inside", insidetextanchor="middle", textangle=0,
+            hovertemplate=f"{name}: {format_bytes(v)}<br>{why}<extra></extra>"))
+    return make_figure(traces, title, 400, xaxis=dict(title_text=unit, rangemode="tozero"),
+                       yaxis=dict(type="category", categoryorder="array", categoryarray=[used, have]),
+                       barmode="stack", bargap=0.35, legend_traceorder="normal", uniformtext=dict(minsize=9, mode="hide"))
 
 
-__all__ = ["TIER_COLORS", "VizError", "bandwidth", "comparison_frame", "esc", "fmt_percent",
-           "fmt_ratio", "fmt_seconds", "memory", "run_name", "run_names", "startup_peaks", "step_times",
-           "tier_color", "tier_map", "timeline"]
+def tier_bytes(plans_or_runs: Any) -> go.Figure:
+    """Bytes per tier at a glance: one stacked bar per plan or run (Σ layer bytes of each tier).
+
+    Accepts a Plan, a Run, or a list mixing both; a multi-rank run shows its first rank's layers.
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("minimax-h3")
+    >>> plan = offload_lab.plan(spec, pin_budget="8GiB", host=offload_lab.HostMemory(available="64GiB"))
+    >>> [t.name for t in tier_bytes(plan).data]
+    ['pinned', 'pageable']
+    """
+    items = [plans_or_runs] if (isinstance(plans_or_runs, Run) or is_plan(plans_or_runs)) else plans_or_runs
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise VizError(f"tier_bytes() got {type(plans_or_runs).__name__} {plans_or_runs!r:.80}; "
+                       f"expected a Plan, a Run, or a list of them")
+    items = list(items)
+    names, frames = [], []
+    for i, it in enumerate(items):
+        if isinstance(it, Run):
+            lay = it.layers
+            if "rank" in lay and lay["rank"].nunique() > 1:
+                lay = lay[lay["rank"] == lay["rank"].min()]
+            names.append(run_name(it, limit=30))
+        elif is_plan(it):
+            lay = it.layers
+            names.append("plan of " + short_label(getattr(getattr(it, "spec", None), "name", f"plan {i}"), 30))
+        else:
+            raise VizError(f"tier_bytes() item {i} is {type(it).__name__} {it!r:.80}; "
+                           f"expected an offload_lab.Plan or an offload_lab.Run")
+        frames.append(lay.assign(tier=lay["tier"].astype("string").fillna("unknown").astype(str))
+                      .groupby("tier")["bytes"].sum())
+    names = unique_names(names)
+    title = make_title("Bytes per tier", "Σ layer bytes in each tier · hatched = simulated"
+                       if any(isinstance(it, Run) and it.simulated for it in items) else "Σ layer bytes in each tier")
+    if not items or not any(len(f) for f in frames):
+        return empty_figure(title, "no layers to count", 240)
+    present = {t for f in frames for t in f.index}
+    tiers = [t for t in TIER_COLORS if t in present] + sorted(present - set(TIER_COLORS))
+    div, unit = byte_unit(max(float(f.sum()) for f in frames))
+    sims = [isinstance(it, Run) and it.simulated for it in items]
+    traces = []
+    for tier in tiers:
+        v = [float(f.get(tier, 0.0)) for f in frames]
+        traces.append(dict(
+            type="bar", orientation="h", y=names, x=[x / div for x in v], name=esc(tier),
+            marker=dict(color=tier_color(tier), line=dict(width=1, color="white"),
+                        pattern=fill_pattern([SIM_PATTERN if s else "" for s in sims])),
+            text=[format_bytes(x) if x else "" for x in v], textposition="inside", insidetextanchor="middle", textangle=0,
+            customdata=[format_bytes(x) for x in v],
+            hovertemplate=f"%{{y}}<br>{esc(tier)}: %{{customdata}}<extra></extra>"))
+    return make_figure(traces, title, max(400, 190 + 34 * len(items) + 14 * sum(n.count("<br>") for n in names)),
+                       xaxis=dict(title_text=unit, rangemode="tozero"),
+                       yaxis=dict(type="category", categoryorder="array", categoryarray=names[::-1]),
+                       barmode="stack", bargap=0.3, legend_traceorder="normal", uniformtext=dict(minsize=9, mode="hide"))
+
+
+__all__ = ["LEDGER_COLORS", "TIER_COLORS", "VizError", "bandwidth", "comparison_frame", "esc", "fmt_percent",
+           "fmt_ratio", "fmt_seconds", "host_block_name", "host_ledger", "memory", "run_name", "run_names",
+           "startup_peaks", "step_times", "tier_bytes", "tier_color", "tier_map", "timeline"]

@@ -131,6 +131,9 @@ class Report:
             self.figures[f"tier-map-{i}"] = viz.tier_map(first)
         if plan is not None:
             self.figures["plan-tier-map"] = viz.tier_map(plan)
+            self.figures["host-ledger"] = viz.host_ledger(plan)
+        if runs or plan is not None:
+            self.figures["tier-bytes"] = viz.tier_bytes(([plan] if plan is not None else []) + runs)
         if recommendation is not None and recommendation.best is not None:
             self.figures["recommend-front"] = front_figure(recommendation)
         peak_runs = [r for r in runs if r.meta.get("startup_peak_bytes") is not None and r.meta.get("init_strategy")]

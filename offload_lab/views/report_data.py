@@ -126,6 +126,13 @@ def _device_peak_rows(r: Run) -> list[dict[str, str]]:
         return []
     mem = d.get("device_memory")
     of = f" of {fmt_bytes(mem)}" if mem else ""
+    if r.backend == "cpu":
+        # the cpu backend has no device memory: its number is what it holds as its device, not a
+        # peak comparable with the planner's GPU estimate, so the two stand apart
+        return [_row("device peak (planner estimate)", f"{fmt_bytes(d['predicted_bytes'])}{of}: what a GPU "
+                                                       f"run of this plan would hold"),
+                _row("cpu backend holds (measured)", f"{fmt_bytes(d.get('measured_bytes'))}: "
+                                                     f"{d.get('measured_how', '')}; not GPU memory")]
     return [_row("device peak", f"predicted {fmt_bytes(d['predicted_bytes'])} (estimate){of} · measured "
                                 f"{fmt_bytes(d.get('measured_bytes'))} ({d.get('measured_how', '')})")]
 
