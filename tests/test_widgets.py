@@ -292,12 +292,15 @@ def test_import_offload_lab_stays_light():
 
 
 def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
-    """In a kernel the figures go into the Output widgets' outputs, html included."""
+    """In a kernel the figures go into the Output widgets' outputs, html included; a hidden
+    tab's figure is drawn when its tab is opened."""
     monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
     ex = PlanExplorer(wan14, host="64GiB", live=False)
     ex.simulate_button.click()
     ex.tiers_button.click()
-    for out, n in ((ex.tier_map_out, 1), (ex.timeline_out, 1), (ex.comparison_out, 2)):
+    assert ex.tabs.selected_index == 0 and ex.tier_map_out.outputs == ()  # not drawn while hidden
+    for tab, out, n in ((1, ex.tier_map_out, 1), (0, ex.timeline_out, 1), (3, ex.comparison_out, 2)):
+        ex.tabs.selected_index = tab
         assert len(out.outputs) == n
         data = out.outputs[0]["data"]
         assert "application/vnd.plotly.v1+json" in data and "plotly-graph-div" in data["text/html"]
