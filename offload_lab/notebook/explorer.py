@@ -403,6 +403,7 @@ class PlanExplorer:
         finally:
             self._running = False
             self.run_button.disabled = self.state.fn is None
+            self.progress.layout.visibility = "hidden"
 
     # -- state → widgets --------------------------------------------------------------------------------
     def _refresh(self) -> None:

@@ -161,6 +161,7 @@ class ExplorerState:
         #: True while :meth:`run` measures (the status then says "running…", not an old result)
         self.running = False
         self._plans: dict[Any, Plan] = {}        # plan key -> plan (see _make_plan)
+        self._plan_figures: dict[Any, dict] = {}  # plan key -> its figures (tier map, start-up peaks)
         self._sims: dict[Any, Run] = {}          # plan key + profile + simulator options -> run
         self._timelines: dict[int, Any] = {}     # id of a cached run -> its timeline figure
         self._plan_key: Any = None               # the key of the plan on display
@@ -420,10 +421,14 @@ class ExplorerState:
             # profile) leaves the plan and its figures as they are
             from offload_lab.views import figures as viz
 
+            def draw() -> dict[str, Any]:
+                figs = {"tier_map": viz.tier_map(plan)}
+                if len(self.spec.groups) > 1:
+                    figs["startup_peaks"] = viz.startup_peaks(plan)
+                return figs
+
             self.plan, self._plan_key = plan, key
-            self.figures["tier_map"] = viz.tier_map(plan)
-            if len(self.spec.groups) > 1:
-                self.figures["startup_peaks"] = viz.startup_peaks(plan)
+            self.figures.update(self._cached(self._plan_figures, key, draw))
         if self.controls.live:
             self.guard(self.simulate)
         return self.plan
