@@ -126,9 +126,11 @@ def run(models: list[str], repeat: int = 1) -> dict[str, list[float]]:
                 ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
                 ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith(lab.url)
                           or r.request.url.split(":", 1)[0] in ("data", "blob", "about") else r.abort())
-                for m in models:
+                for i, m in enumerate(models):
                     page = ctx.new_page()
-                    page.goto(f"{lab.url}/lab/tree/{paths[m]}?token={lab.token}", wait_until="domcontentloaded")
+                    # a workspace of its own, reset: the page shows this notebook alone
+                    page.goto(f"{lab.url}/lab/workspaces/bench{i}/tree/{paths[m]}?reset&token={lab.token}",
+                              wait_until="domcontentloaded")
                     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=CELL_MS)
                     _wait_idle(lab, page, paths[m])
                     page.click(".jp-Cell .jp-InputArea-editor")
@@ -138,6 +140,7 @@ def run(models: list[str], repeat: int = 1) -> dict[str, list[float]]:
                                            timeout=CELL_MS)
                     _wait_idle(lab, page, paths[m])
                     out[m] = [t for _ in range(repeat) for t in measure(page, CHANGES)]
+                    print(f"{m}: {', '.join(f'{t:.0f}' for t in out[m])} ms", flush=True)
                     page.close()
                 browser.close()
         finally:

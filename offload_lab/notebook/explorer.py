@@ -427,6 +427,9 @@ class PlanExplorer:
                     w.value = v
         if not self._running:
             self.progress.layout.visibility = "hidden"
+        # the figure first: it reaches the page while the texts are made (the status line
+        # simulates the other issue order)
+        self._draw_figures()
         self.budget_note.value = st.budget_note()
         self.resident_note.value = st.resident_note()
         self.status.value = st.status_html()
@@ -437,7 +440,6 @@ class PlanExplorer:
         self.add_button.disabled = st.last_run is None
         possible, tip = st.tiers_tooltip()
         self.tiers_button.disabled, self.tiers_button.tooltip = not possible, tip
-        self._draw_figures()
 
     def _draw_figures(self) -> None:
         """Draw the figures of the open tab (each is drawn again only when it changed); the

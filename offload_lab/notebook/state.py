@@ -75,6 +75,73 @@ class ExplorerError(OffloadLabError, ValueError):
     """An argument PlanExplorer cannot use; the message names it and what is accepted."""
 
 
+class LazyFigures(dict):
+    """The state's figures by name; a figure registered with :meth:`later` is made when it is
+    first read, so a figure no view shows (a hidden tab's) costs nothing on a control change.
+
+    >>> figs = LazyFigures()
+    >>> figs.later("answer", lambda: 42)
+    >>> "answer" in figs, dict.__contains__(figs, "answer"), figs["answer"]
+    (True, False, 42)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._makers: dict[str, Callable[[], Any]] = {}
+
+    def later(self, name: str, make: Callable[[], Any]) -> None:
+        dict.pop(self, name, None)
+        self._makers[name] = make
+
+    def _make_all(self) -> None:
+        for name in list(self._makers):
+            self[name]
+
+    def __getitem__(self, name: str) -> Any:
+        make = self._makers.pop(name, None)
+        if make is not None:
+            dict.__setitem__(self, name, make())
+        return dict.__getitem__(self, name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._makers.pop(name, None)
+        dict.__setitem__(self, name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._makers or dict.__contains__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def pop(self, name: str, *default: Any) -> Any:
+        if name in self._makers:
+            self[name]
+        return dict.pop(self, name, *default)
+
+    def __iter__(self):  # noqa: ANN204 - dict's own signature
+        self._make_all()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        return dict.__len__(self) + len(self._makers)
+
+    def keys(self):  # noqa: ANN201
+        self._make_all()
+        return dict.keys(self)
+
+    def values(self):  # noqa: ANN201
+        self._make_all()
+        return dict.values(self)
+
+    def items(self):  # noqa: ANN201
+        self._make_all()
+        return dict.items(self)
+
+    def __repr__(self) -> str:
+        self._make_all()
+        return dict.__repr__(self)
+
+
 def _nice_step(span: float) -> float:
     """A round slider step giving about 200 positions over ``span``.
 
@@ -148,7 +215,7 @@ class ExplorerState:
         self.plan_error: str | None = None  # why the controls make no plan, while they don't
         self.last_run: Run | None = None
         self.runs: list[Run] = []
-        self.figures: dict[str, Any] = {}
+        self.figures: dict[str, Any] = LazyFigures()
         self.report_file: Path | None = None
         self._message, self._message_is_html = "", False
         self.recommendation: Any = None
@@ -421,14 +488,18 @@ class ExplorerState:
             # profile) leaves the plan and its figures as they are
             from offload_lab.views import figures as viz
 
-            def draw() -> dict[str, Any]:
-                figs = {"tier_map": viz.tier_map(plan)}
-                if len(self.spec.groups) > 1:
-                    figs["startup_peaks"] = viz.startup_peaks(plan)
-                return figs
+            drawn = self._cached(self._plan_figures, key, dict)  # this plan's figures made so far
+            names = {"tier_map": viz.tier_map}
+            if len(self.spec.groups) > 1:
+                names["startup_peaks"] = viz.startup_peaks
+            for name, draw in names.items():
+                def make(name: str = name, draw: Callable[[Any], Any] = draw) -> Any:
+                    if name not in drawn:
+                        drawn[name] = draw(plan)
+                    return drawn[name]
 
+                self.figures.later(name, make)
             self.plan, self._plan_key = plan, key
-            self.figures.update(self._cached(self._plan_figures, key, draw))
         if self.controls.live:
             self.guard(self.simulate)
         return self.plan
