@@ -43,6 +43,9 @@ CHANGES = [
     ("pin order", "select", "reverse"), ("forced tier", "select", "pageable"),
     ("pin order", "select", "execution"),
 ]
+#: the changes a dashboard without the issue-order and calls controls also has (an A/B run
+#: against an older checkout: ``--repo OLD --changes common``)
+COMMON = [c for c in CHANGES if c[0] in ("forced tier", "prefetch depth", "pin budget", "pin order")]
 CELL_MS = 180_000
 STEP_MS = 30_000
 
@@ -108,7 +111,8 @@ def measure(page, changes: list[tuple[str, str, str]]) -> list[float]:
     return times
 
 
-def run(models: list[str], repeat: int = 1) -> dict[str, list[float]]:
+def run(models: list[str], repeat: int = 1, repo: Path = REPO,
+        changes: list[tuple[str, str, str]] = CHANGES) -> dict[str, list[float]]:
     from browser import CHROMIUM, CHROMIUM_ARGS, JupyterLab, free_port
     from playwright.sync_api import sync_playwright
 
@@ -119,7 +123,7 @@ def run(models: list[str], repeat: int = 1) -> dict[str, list[float]]:
         root.mkdir()
         paths = {m: _notebook(root, m) for m in models}
         lab = JupyterLab(root, home, free_port(), secrets.token_hex(16))
-        lab.start(pythonpath=str(REPO))
+        lab.start(pythonpath=str(repo))
         try:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -139,7 +143,7 @@ def run(models: list[str], repeat: int = 1) -> dict[str, list[float]]:
                     page.wait_for_function(f"() => {_TIMELINE}.querySelector('.js-plotly-plot .main-svg')",
                                            timeout=CELL_MS)
                     _wait_idle(lab, page, paths[m])
-                    out[m] = [t for _ in range(repeat) for t in measure(page, CHANGES)]
+                    out[m] = [t for _ in range(repeat) for t in measure(page, changes)]
                     print(f"{m}: {', '.join(f'{t:.0f}' for t in out[m])} ms", flush=True)
                     page.close()
                 browser.close()
@@ -153,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("models", nargs="*", default=list(MODELS))
     ap.add_argument("--repeat", type=int, default=1, help="run the list of changes this many times")
     ap.add_argument("--json", help="also write the times (ms) here")
+    ap.add_argument("--repo", type=Path, default=REPO,
+                    help="the checkout whose offload_lab the kernel imports (default: this one)")
+    ap.add_argument("--changes", choices=("all", "common"), default="all",
+                    help="common: only controls older dashboards have too (tier, prefetch, budget, pin order)")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
-    times = run(args.models, args.repeat)
+    times = run(args.models, args.repeat, args.repo.resolve(), CHANGES if args.changes == "all" else COMMON)
     load1 = os.getloadavg()
+    print(f"kernel imports {args.repo.resolve()}; changes: {args.changes}")
     print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
           f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} cores)")
     for m, ts in times.items():

@@ -292,15 +292,12 @@ def test_import_offload_lab_stays_light():
 
 
 def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
-    """In a kernel the figures go into the Output widgets' outputs, html included; a hidden
-    tab's figure is drawn when its tab is opened."""
+    """In a kernel the figures go into the Output widgets' outputs, html included."""
     monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
     ex = PlanExplorer(wan14, host="64GiB", live=False)
     ex.simulate_button.click()
     ex.tiers_button.click()
-    assert ex.tabs.selected_index == 0 and ex.tier_map_out.outputs == ()  # not drawn while hidden
-    for tab, out, n in ((1, ex.tier_map_out, 1), (0, ex.timeline_out, 1), (3, ex.comparison_out, 2)):
-        ex.tabs.selected_index = tab
+    for out, n in ((ex.tier_map_out, 1), (ex.timeline_out, 1), (ex.comparison_out, 2)):
         assert len(out.outputs) == n
         data = out.outputs[0]["data"]
         assert "application/vnd.plotly.v1+json" in data and "plotly-graph-div" in data["text/html"]
@@ -459,3 +456,13 @@ def test_layout_gives_labels_and_tabs_room():
     titles = [ex.tabs.get_title(i) for i in range(len(ex.tabs.children))]
     assert titles == ["Timeline", "Tier map", "Plan", "Comparison", "Recommend"]
     assert max(map(len, titles)) <= 12
+
+
+def test_only_changed_figures_are_sent_again(monkeypatch, wan14):
+    """A simulator option (issue order) leaves the tier map's output as it is: it is not re-sent."""
+    monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
+    ex = PlanExplorer(wan14, host="64GiB", live=True)
+    ex.tier.value = "pageable"
+    tier_map, timeline = ex.tier_map_out.outputs, ex.timeline_out.outputs
+    ex.issue.value = "before-compute"
+    assert ex.tier_map_out.outputs is tier_map and ex.timeline_out.outputs is not timeline

@@ -352,8 +352,6 @@ class PlanExplorer:
         for i, name in enumerate(TAB_TITLES):
             tabs.set_title(i, name)
         self.tabs = tabs
-        # a figure in a hidden tab is drawn when its tab is opened, not on every change
-        tabs.observe(lambda _c: self._draw_figures(), names="selected_index")
         self.widget = W.VBox([
             self.title,
             _row(self.host_choice, self.budget), self.budget_note,
@@ -427,9 +425,11 @@ class PlanExplorer:
                     w.value = v
         if not self._running:
             self.progress.layout.visibility = "hidden"
-        # the figure first: it reaches the page while the texts are made (the status line
-        # simulates the other issue order)
-        self._draw_figures()
+        # the open tab's figure first: it reaches the page while the rest is made (the status
+        # line simulates the other issue order; hidden tabs are drawn last, so a notebook saved
+        # with its widget state still holds every figure)
+        shown = self.tabs.selected_index or 0
+        self._draw_figures([shown])
         self.budget_note.value = st.budget_note()
         self.resident_note.value = st.resident_note()
         self.status.value = st.status_html()
@@ -440,22 +440,23 @@ class PlanExplorer:
         self.add_button.disabled = st.last_run is None
         possible, tip = st.tiers_tooltip()
         self.tiers_button.disabled, self.tiers_button.tooltip = not possible, tip
+        self._draw_figures([t for t in range(len(TAB_TITLES)) if t != shown])
 
-    def _draw_figures(self) -> None:
-        """Draw the figures of the open tab (each is drawn again only when it changed); the
-        others are drawn when their tab is opened."""
+    def _draw_figures(self, tabs: Sequence[int] | None = None) -> None:
+        """Draw the figures of ``tabs`` (default: all), each only when it changed."""
         st, figs = self.state, self.state.figures
-        tab = self.tabs.selected_index
-        if tab in (None, 1):
-            self._draw(self.tier_map_out, figs.get("tier_map"))
-        if tab in (None, 2) and len(st.spec.groups) > 1:
-            self._draw(self.ledger_out, figs.get("startup_peaks"))
-        if tab in (None, 0):
-            self._draw(self.timeline_out, figs.get("timeline"))
-        if tab in (None, 3) or not st.runs:
-            self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
-        if tab in (None, 4):
-            self._draw_front(figs.get("recommend_front"))
+        tabs = range(len(TAB_TITLES)) if tabs is None else tabs
+        for tab in tabs:
+            if tab == 0:
+                self._draw(self.timeline_out, figs.get("timeline"))
+            elif tab == 1:
+                self._draw(self.tier_map_out, figs.get("tier_map"))
+            elif tab == 2 and len(st.spec.groups) > 1:
+                self._draw(self.ledger_out, figs.get("startup_peaks"))
+            elif tab == 3:
+                self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
+            elif tab == 4:
+                self._draw_front(figs.get("recommend_front"))
 
     def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
         """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it."""
