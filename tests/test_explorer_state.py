@@ -253,3 +253,13 @@ def test_recommend_uses_the_calls_control(st):
     st.set(passes=2)
     rec = st.recommend()
     assert rec.calls_per_step == 2 and "per call × 2 calls" in st.message
+
+
+def test_a_result_for_older_controls_says_so(st):
+    st.set(tier="pageable")
+    st.simulate()
+    assert "press Simulate" not in st.status_html()
+    st.set(passes=2)  # not live: the result on display is for one call per step
+    assert "for the controls before the last change: press Simulate" in st.status_html()
+    other = st.other_order_run()  # the other order of the run on display, not of the new controls
+    assert int(other.meta.get("passes", 1)) == 1

@@ -448,6 +448,9 @@ class ExplorerState:
         key = (plan_key, self.controls.profile, tuple(sorted(kw.items())))
         return self._cached(self._sims, key, lambda: simulate(plan, self.profile(), **kw))
 
+    def _sim_key(self) -> tuple[Any, tuple]:
+        return self._plan_key, tuple(sorted(self.sim_kwargs().items()))
+
     def other_order_run(self) -> Run | None:
         """The last simulated run's plan in the other issue order (same profile, steps and calls);
         None when the order does not change the plan (pinned copies only, or nothing streamed),
@@ -463,12 +466,13 @@ class ExplorerState:
         run = self.last_run
         if run is None or not run.simulated or self._last_key is None or not streams_host_blocking(run):
             return None
-        plan_key, issue = self._last_key
+        plan_key, kw = self._last_key
         plan = self._plans.get(plan_key)
         if plan is None:
             return None
-        other = next(o for o in ISSUE_ORDERS if o != issue)
-        return self._simulate(plan, plan_key, issue=other)
+        kw = dict(kw)  # the options the shown run was simulated with, whatever the controls say now
+        kw["issue"] = next(o for o in ISSUE_ORDERS if o != kw["issue"])
+        return self._simulate(plan, plan_key, **kw)
 
     def update_plan(self) -> Plan | None:
         """Plan from the controls (and simulate it when ``live``).
@@ -522,7 +526,7 @@ class ExplorerState:
         beside = (f"; measured {fmt_seconds(measured[-1].step_time)} under the same plan "
                   f"({run.step_time / measured[-1].step_time - 1:+.1%} predicted vs measured)") if measured else ""
         self._set_last(run, f"simulated on {self.controls.profile}, {step_words(run)}{beside}")
-        self._last_key = (self._plan_key, self.controls.issue)
+        self._last_key = self._sim_key()
         return run
 
     def run(self, **overrides: Any) -> Run:
@@ -801,7 +805,7 @@ class ExplorerState:
         """
         other = None if self.running else self.other_order_run()
         stale = (self.last_run is not None and self.last_run.simulated and self._last_key is not None
-                 and self._last_key != (self._plan_key, self.controls.issue) and not self.running)
+                 and self._last_key != self._sim_key() and not self.running)
         message = self._message + (" — for the controls before the last change: press Simulate"
                                    if stale and not self._message_is_html else "")
         return [("plan", self.plan_line(), False),
