@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 MODELS = ("wan2.1-t2v-14b", "minimax-h3")
 #: (control description, kind, value): a dropdown's option text or a slider's typed value; each
-#: changes the plan or a simulator option, so each one makes a new timeline
+#: changes the plan or a simulator option, so each one makes a new timeline (the last one undoes
+#: the first, so the list can be repeated)
 CHANGES = [
     ("forced tier", "select", "pageable"), ("issue order", "select", "before-compute"),
     ("calls per step", "select", "2 calls (guidance)"), ("issue order", "select", "after-compute"),
@@ -41,11 +42,16 @@ CHANGES = [
     ("issue order", "select", "before-compute"), ("pin budget", "slider", "3"),
     ("prefetch depth", "slider", "1"), ("issue order", "select", "after-compute"),
     ("pin order", "select", "reverse"), ("forced tier", "select", "pageable"),
-    ("pin order", "select", "execution"),
+    ("pin order", "select", "execution"), ("forced tier", "select", "planner's choice"),
 ]
 #: the changes a dashboard without the issue-order and calls controls also has (an A/B run
 #: against an older checkout: ``--repo OLD --changes common``)
-COMMON = [c for c in CHANGES if c[0] in ("forced tier", "prefetch depth", "pin budget", "pin order")]
+COMMON = [("forced tier", "select", "pageable"), ("prefetch depth", "slider", "2"),
+          ("forced tier", "select", "pinned"), ("prefetch depth", "slider", "0"),
+          ("forced tier", "select", "planner's choice"), ("pin budget", "slider", "8"),
+          ("pin budget", "slider", "3"), ("prefetch depth", "slider", "1"),
+          ("pin order", "select", "reverse"), ("pin order", "select", "execution")]
+# every change differs from the state the one before leaves, the first from the last (a repeat)
 CELL_MS = 180_000
 STEP_MS = 30_000
 

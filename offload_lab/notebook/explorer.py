@@ -1,7 +1,10 @@
 """``PlanExplorer``: an ipywidgets dashboard to change a plan and see its timeline at once.
 
 Controls (pin budget, resident count and policy, ordering, prefetch depth, forced tier, host,
-device profile, device memory) make a :class:`~offload_lab.planning.planner.Plan`; **Recommend**
+device profile, device memory) make a :class:`~offload_lab.planning.planner.Plan`; the issue
+order and the calls per step (1, or 2 with guidance) are the simulator's, and the status line
+says what each prediction rests on (± band, or *unconfirmed* where no GPU run backs it, with the
+other issue order's prediction beside it); **Recommend**
 searches for the fastest plan that fits and sets the controls to it; **Simulate** predicts its timeline on
 a device profile (instant, labelled simulated), **Run** profiles the real model with ``fn``
 (on the GPU when there is one, else the cpu backend, labelled with the backend), **Add to
@@ -68,6 +71,8 @@ def _box(width: str) -> W.Layout:
 def _row(*children: Any) -> W.HBox:
     # a row that wraps onto the next line instead of shrinking its controls
     return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap", align_items="center"))
+
+
 # a saved notebook redraws the dashboard from its saved widget state after a kernel restart:
 # the tabs still switch but no control reaches Python any more
 _RESTART_NOTE = ("<br><small style='color:#667085'>The controls act through the running kernel: "
@@ -276,11 +281,11 @@ class PlanExplorer:
                                 style=_STYLE, layout=wide,
                                 tooltip="when the runtime issues a layer's copy: after the previous "
                                         "layer's compute, or before it (offload(issue=...))")
-        self.passes = W.Dropdown(options=[("1 call", 1), ("2 calls (guidance)", 2)], value=c.passes,
+        self.passes = W.Dropdown(options=[("1 call" if n == 1 else f"{n} calls (guidance)", n)
+                                          for n in PASSES_CHOICES], value=c.passes,
                                  description="calls per step", style=_STYLE, layout=wide,
                                  tooltip="forwards of the model per denoising step: 2 with "
                                          "classifier-free guidance")
-        assert [v for _, v in self.passes.options] == list(PASSES_CHOICES)
         self.profile_choice = W.Dropdown(options=list(st.profiles), value=c.profile,
                                          description="device profile", style=_STYLE, layout=wide)
         self.steps = W.BoundedIntText(value=c.steps, min=1, max=STEPS_BOX_MAX, description="steps",
