@@ -41,7 +41,7 @@ NOTEBOOK = "dashboard.ipynb"
 CELL = ('from offload_lab import PlanExplorer\n'
         'ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)\n'
         'ex')
-TAB_NAMES = ["Timeline", "Tier map", "Plan: ledger & reasons", "Comparison", "Recommend"]
+TAB_NAMES = ["Timeline", "Tier map", "Plan", "Comparison", "Recommend"]
 RERUN_NOTE = "run this cell again"
 WAIT_MS = 60_000        # a cold kernel importing torch on a busy 2-core machine is slow
 SWITCH_MS = 10_000
@@ -126,12 +126,12 @@ def context(lab):
             browser.close()
 
 
-def _wait_kernel_idle(lab, page, timeout_s: float = WAIT_MS / 1000) -> str:
+def _wait_kernel_idle(lab, page, timeout_s: float = WAIT_MS / 1000, path: str = NOTEBOOK) -> str:
     """Wait until the notebook's kernel exists and is idle, per the server and per the page."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
-        kid, last = lab.kernel_state(NOTEBOOK)
+        kid, last = lab.kernel_state(path)
         page_status = page.evaluate("() => { const e = document.querySelector("
                                     "'.jp-Notebook-ExecutionIndicator'); "
                                     "return e && e.getAttribute('data-status'); }")
@@ -139,7 +139,7 @@ def _wait_kernel_idle(lab, page, timeout_s: float = WAIT_MS / 1000) -> str:
         if kid is not None and last == "idle" and page_status == "idle":
             return kid
         time.sleep(0.25)
-    raise AssertionError(f"the kernel of {NOTEBOOK} was not idle after {timeout_s:.0f} s "
+    raise AssertionError(f"the kernel of {path} was not idle after {timeout_s:.0f} s "
                          f"(server says {last!r}); server log: {lab.log_tail()}")
 
 
@@ -219,3 +219,66 @@ def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
                            timeout=WAIT_MS)
     assert page.query_selector(TABS) is None
     page.close()
+
+
+# -- the big dashboards: the issue-order control, "unconfirmed" in the status, nothing clipped -------
+BIG = ("wan2.1-t2v-14b", "minimax-h3")
+# every description label and tab title in the dashboard that its box cuts (text wider than it)
+CLIPPED_JS = """() => [...document.querySelectorAll(
+    '.jp-OutputArea .widget-label, .jp-OutputArea .lm-TabBar-tabLabel, .jp-OutputArea .widget-tab .lm-TabBar-tab')]
+  .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+  .map(e => [e.innerText.trim(), e.scrollWidth, e.clientWidth])"""
+# the width of each slider's track, by its label: a squeezed one cannot be dragged
+SLIDERS_JS = """() => [...document.querySelectorAll('.jp-OutputArea .widget-slider')]
+  .map(w => [w.querySelector('.widget-label').innerText.trim(),
+             w.querySelector('.slider-container').getBoundingClientRect().width])"""
+ISSUE_JS = """() => { const w = [...document.querySelectorAll('.jp-OutputArea .widget-dropdown')]
+  .find(w => w.querySelector('.widget-label').innerText.trim() === 'issue order');
+  return w ? [...w.querySelectorAll('option')].map(o => o.textContent.replace(/\u00a0/g, ' ')) : null; }"""
+# choose a dropdown's option as a user does (by the label before it and the option's text)
+CHOOSE_JS = """([label, text]) => { const w = [...document.querySelectorAll('.jp-OutputArea .widget-dropdown')]
+  .find(w => w.querySelector('.widget-label').innerText.trim() === label);
+  const s = w.querySelector('select'); s.value = [...s.options].find(o => o.textContent.replace(/\u00a0/g, ' ') === text).value;
+  s.dispatchEvent(new Event('change', {bubbles: true})); }"""
+STATUS_HAS_JS = """(words) => [...document.querySelectorAll('.jp-OutputArea .widget-html')]
+  .some(e => words.every(w => e.innerText.includes(w)))"""
+
+
+@pytest.mark.parametrize("name", BIG)
+def test_big_dashboards_show_the_issue_order_and_cut_no_label(lab, context, name):
+    import nbformat
+
+    path = f"{name}.ipynb"
+    cell = f"from offload_lab import PlanExplorer\nex = PlanExplorer({name!r}, host='64GiB', live=True)\nex"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, lab.root / path)
+    page = context.new_page()
+    try:
+        # a workspace of its own, reset: the page shows this notebook alone
+        page.goto(f"{lab.url}/lab/workspaces/{name.replace('.', '-')}/tree/{path}?reset&token={lab.token}",
+                  wait_until="domcontentloaded")
+        page.wait_for_selector(".jp-Notebook .jp-Cell")
+        _wait_kernel_idle(lab, page, CELL_MS / 1000, path)  # a kernel starts slowly on a busy machine
+        page.click(".jp-Cell .jp-InputArea-editor")
+        page.keyboard.press("Shift+Enter")
+        try:
+            page.wait_for_selector(TABS, state="visible", timeout=CELL_MS)
+        except Exception:
+            raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
+                                 f"server log: {lab.log_tail()}") from None
+        page.wait_for_function(STATUS_HAS_JS, arg=["simulated on"], timeout=CELL_MS)
+        assert page.evaluate(ISSUE_JS) == ["after-compute", "before-compute"]
+        assert page.evaluate(CLIPPED_JS) == []
+        narrow = [(label, w) for label, w in page.evaluate(SLIDERS_JS) if w < 120]
+        assert narrow == [], f"sliders too narrow to drag: {narrow}"
+        # a pageable plan in the after-compute order: no GPU run backs it, and the status says so
+        page.evaluate(CHOOSE_JS, ["forced tier", "pageable"])
+        try:
+            page.wait_for_function(STATUS_HAS_JS, arg=["pageable", "unconfirmed — no GPU run of this issue order yet",
+                                                      "before-compute order"], timeout=WAIT_MS)
+        except Exception:
+            raise AssertionError(f"the status does not say unconfirmed: {page.evaluate(OUTPUT_TEXT_JS)!r}") from None
+        assert page.evaluate(CLIPPED_JS) == []  # a longer status line moves nothing into a cut
+    finally:
+        page.close()

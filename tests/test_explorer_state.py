@@ -180,3 +180,86 @@ def test_state_runs_without_ipywidgets():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+
+
+# -- what each prediction rests on: issue order, calls per step, evidence ----------------------------
+def test_issue_and_calls_controls_reach_the_simulation(st):
+    st.set(tier="pageable")
+    after = st.simulate()
+    assert after.meta["issue"] == "after-compute" and int(after.meta.get("passes", 1)) == 1
+    st.set(issue="before-compute", passes=2)
+    before = st.simulate()
+    assert before.meta["issue"] == "before-compute" and int(before.meta["passes"]) == 2
+    # two calls per step take about twice one call's time (the second call's prefetch overlaps)
+    one = offload_lab.simulate(st.plan, "h200", steps=3, issue="before-compute")
+    assert before.step_time == pytest.approx(2 * one.step_time, rel=0.01)
+    with pytest.raises(ExplorerError, match="issue 'sideways'.*after-compute"):
+        st.set(issue="sideways")
+    with pytest.raises(ExplorerError, match="passes 3"):
+        st.set(passes=3)
+
+
+def test_status_says_unconfirmed_and_shows_the_other_order(st):
+    st.set(tier="pageable", passes=2)
+    run = st.simulate()
+    assert run.meta["evidence"]["status"] == "unconfirmed"
+    lines = {k: t for k, t, _ in st.status_lines() if t}
+    assert "unconfirmed — no GPU run of this issue order yet" in lines["message"]
+    assert "±" not in lines["message"]  # no band where no measured run backs the prediction
+    assert "per call × 2 calls = " in lines["message"] and "per step" in lines["message"]
+    # the other order's prediction, with its own evidence (before-compute pageable is held out)
+    assert lines["other order"].startswith("before-compute order:") and "±" in lines["other order"]
+    other = st.other_order_run()
+    assert other.meta["issue"] == "before-compute" and other.meta["evidence"]["status"] == "held-out"
+    assert "before-compute" in st.status_html() and "unconfirmed" in st.status_html()
+
+
+def test_all_pinned_plan_shows_a_band_and_no_other_order(st):
+    st.simulate()  # 64 GiB host: every layer pinned, both orders predict the same timeline
+    lines = {k: t for k, t, _ in st.status_lines() if t}
+    assert "±" in lines["message"] and "other order" not in lines
+    assert st.other_order_run() is None
+
+
+def test_plan_warnings_reach_the_status(st):
+    st.set(tier="pinned", budget=3.0)
+    assert st.plan.warnings and st.plan.tier_counts["pageable"] > 0
+    lines = {k: t for k, t, _ in st.status_lines() if t}
+    assert "tier 'pinned' forced" in lines["warning"]
+    assert "<b>warning</b>" in st.status_html()
+
+
+def test_status_budget_reads_as_the_slider():
+    st = ExplorerState("wan2.1-t2v-14b", host="32GiB", live=False)
+    slider = f"{st.controls.budget:.{st.budget_digits}f} GiB"
+    assert f"of budget {slider}" in st.plan_line()  # the top of the slider, as it reads
+    st.set(budget=3.0)
+    assert "of budget 3.0 GiB" in st.plan_line()
+
+
+def test_only_what_changed_is_recomputed(st):
+    st.set(tier="pageable")
+    run, tier_map = st.simulate(), st.figures["tier_map"]
+    st.set(issue="before-compute")   # a simulator option: the plan and its figure stay
+    assert st.figures["tier_map"] is tier_map
+    st.set(issue="after-compute")    # back: the cached run and its figure, not new ones
+    assert st.simulate() is run and st.figures["tier_map"] is tier_map
+    st.set(budget=3.0)
+    st.set(budget=st.budget_max)     # a plan made again from the same controls is the same plan
+    assert st.figures["tier_map"] is tier_map
+
+
+def test_recommend_uses_the_calls_control(st):
+    st.set(passes=2)
+    rec = st.recommend()
+    assert rec.calls_per_step == 2 and "per call × 2 calls" in st.message
+
+
+def test_a_result_for_older_controls_says_so(st):
+    st.set(tier="pageable")
+    st.simulate()
+    assert "press Simulate" not in st.status_html()
+    st.set(passes=2)  # not live: the result on display is for one call per step
+    assert "for the controls before the last change: press Simulate" in st.status_html()
+    other = st.other_order_run()  # the other order of the run on display, not of the new controls
+    assert int(other.meta.get("passes", 1)) == 1

@@ -384,3 +384,85 @@ def test_every_html_widget_escapes_strings_from_the_spec(wan14, tmp_path):
     walk(ex.widget)
     assert html_values and any("&lt;img src=x onerror=alert(1)&gt;" in v for v in html_values)
     assert not any(payload in v for v in html_values)
+
+
+# -- issue order, calls per step, evidence; a run in progress; a layout that cuts nothing -----------
+def test_issue_and_calls_controls_drive_the_simulation_and_the_status(ex):
+    ex.tier.value = "pageable"
+    ex.passes.value = 2
+    ex.simulate_button.click()
+    run = ex.last_run
+    assert ex.issue.value == "after-compute" and run.meta["issue"] == "after-compute"
+    assert int(run.meta["passes"]) == 2
+    assert "unconfirmed — no GPU run of this issue order yet" in ex.status.value
+    assert "per call × 2 calls = " in ex.status.value
+    assert "<b>other order</b>: before-compute order" in ex.status.value
+    ex.issue.value = "before-compute"
+    ex.simulate_button.click()
+    assert ex.last_run.meta["issue"] == "before-compute"
+    assert "<b>other order</b>: after-compute order" in ex.status.value
+
+
+def test_live_simulation_follows_every_control():
+    ex = PlanExplorer("wan2.1-t2v-14b", host="64GiB", live=True)
+    ex.tier.value = "pageable"
+    first = ex.last_run.step_time
+    ex.issue.value = "before-compute"
+    assert ex.last_run.meta["issue"] == "before-compute" and ex.last_run.step_time != first
+
+
+def test_run_disables_its_button_and_says_running(tiny):
+    model, inputs, _ = tiny
+    seen = []
+    ex = None
+
+    def step():
+        seen.append((ex.run_button.disabled, "running…" in ex.status.value,
+                     ex.progress.layout.visibility))
+        return model(**inputs)
+
+    ex = PlanExplorer(model, fn=step, live=False, steps=2, warmup=1, backend="cpu")
+    ex.simulate_button.click()
+    assert "simulated on" in ex.status.value
+    ex.run_button.click()
+    assert seen and all(off and running for off, running, _ in seen), seen
+    assert seen[-1][2] == "visible"
+    assert not ex.run_button.disabled and "running…" not in ex.status.value
+    assert ex.progress.layout.visibility == "hidden"
+    # the cpu backend has no device memory: no "measured device peak" for it
+    assert "device peak predicted" not in ex.message and "no device peak on the cpu backend" in ex.message
+    # the progress bar sits beside the Run button, in its row
+    row = next(c for c in ex.widget.children if isinstance(c, W.HBox) and ex.run_button in c.children)
+    assert ex.progress in row.children
+
+
+def test_plan_warnings_are_in_the_status(ex):
+    ex.tier.value = "pinned"
+    ex.budget.value = 3.0
+    assert "<b>warning</b>: tier &#x27;pinned&#x27; forced" in ex.status.value  # escaped HTML
+
+
+def test_layout_gives_labels_and_tabs_room():
+    ex = PlanExplorer("minimax-h3", host="64GiB", live=False)
+    assert ex.resident.description == "resident per group"
+    for w in ex.controls.values():
+        desc = getattr(w, "description", "")
+        width = w.style.description_width if hasattr(w.style, "description_width") else ""
+        if desc and width.endswith("px"):
+            # about 7 px a character at the widgets' 13 px font
+            assert int(width[:-2]) >= 7 * len(desc), (desc, width)
+        if w.layout.width:
+            assert w.layout.min_width == w.layout.width  # a row never squeezes a control
+    titles = [ex.tabs.get_title(i) for i in range(len(ex.tabs.children))]
+    assert titles == ["Timeline", "Tier map", "Plan", "Comparison", "Recommend"]
+    assert max(map(len, titles)) <= 12
+
+
+def test_only_changed_figures_are_sent_again(monkeypatch, wan14):
+    """A simulator option (issue order) leaves the tier map's output as it is: it is not re-sent."""
+    monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
+    ex = PlanExplorer(wan14, host="64GiB", live=True)
+    ex.tier.value = "pageable"
+    tier_map, timeline = ex.tier_map_out.outputs, ex.timeline_out.outputs
+    ex.issue.value = "before-compute"
+    assert ex.tier_map_out.outputs is tier_map and ex.timeline_out.outputs is not timeline

@@ -133,6 +133,8 @@ def status_html(lines: Sequence[tuple[str, str | None, bool]]) -> str:
             parts.append(body)
         elif kind == "error":
             parts.append(f"<span style='color:#b42318'><b>error</b>: {body}</span>")
+        elif kind == "warning":  # a plan's warnings: the plan is made, but not as asked
+            parts.append(f"<span style='color:#b54708'><b>warning</b>: {body}</span>")
         else:
             parts.append(f"<b>{html.escape(kind)}</b>: {body}")
     return "<br>".join(parts)

@@ -1,7 +1,10 @@
 """``PlanExplorer``: an ipywidgets dashboard to change a plan and see its timeline at once.
 
 Controls (pin budget, resident count and policy, ordering, prefetch depth, forced tier, host,
-device profile, device memory) make a :class:`~offload_lab.planning.planner.Plan`; **Recommend**
+device profile, device memory) make a :class:`~offload_lab.planning.planner.Plan`; the issue
+order and the calls per step (1, or 2 with guidance) are the simulator's, and the status line
+says what each prediction rests on (± band, or *unconfirmed* where no GPU run backs it, with the
+other issue order's prediction beside it); **Recommend**
 searches for the fastest plan that fits and sets the controls to it; **Simulate** predicts its timeline on
 a device profile (instant, labelled simulated), **Run** profiles the real model with ``fn``
 (on the GPU when there is one, else the cpu backend, labelled with the backend), **Add to
@@ -41,19 +44,35 @@ from offload_lab.notebook import display
 from offload_lab.notebook.state import (
     AUTO,
     HYPOTHETICAL_HOSTS_GIB,
+    PASSES_CHOICES,
     STEPS_BOX_MAX,
     Controls,
     ExplorerError,
     ExplorerState,
 )
 from offload_lab.planning.hostmem import HostMemory
-from offload_lab.planning.options import ORDERS, RESIDENCIES
+from offload_lab.planning.options import ISSUE_ORDERS, ORDERS, RESIDENCIES
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 
 __all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
 
-_STYLE = {"description_width": "110px"}
+# wide enough for the longest description ("resident per group"): a narrower one is cut
+_STYLE = {"description_width": "140px"}
+#: the tabs' titles: short, since JupyterLab gives a tab about 140 px and cuts a longer title
+TAB_TITLES = ("Timeline", "Tier map", "Plan", "Comparison", "Recommend")
+
+
+def _box(width: str) -> W.Layout:
+    # a fixed width that a row never squeezes (a squeezed slider was ~30 px wide and unusable)
+    return W.Layout(width=width, min_width=width, flex="0 0 auto")
+
+
+def _row(*children: Any) -> W.HBox:
+    # a row that wraps onto the next line instead of shrinking its controls
+    return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap", align_items="center"))
+
+
 # a saved notebook redraws the dashboard from its saved widget state after a kernel restart:
 # the tabs still switch but no control reaches Python any more
 _RESTART_NOTE = ("<br><small style='color:#667085'>The controls act through the running kernel: "
@@ -94,6 +113,7 @@ class PlanExplorer:
         self.state.on_progress = self._progress
         self._syncing = False
         self._shown: dict[int, tuple[Any, ...]] = {}  # id of an Output widget -> the figures it shows
+        self._running = False
         self._build_widgets()
         self._refresh()
 
@@ -236,13 +256,13 @@ class PlanExplorer:
     # -- widgets --------------------------------------------------------------------------------------
     def _build_widgets(self) -> None:
         st, c = self.state, self.state.controls
-        wide = W.Layout(width="340px")
+        wide = _box("380px")
         self.title = W.HTML(st.title_html() + _RESTART_NOTE)
         self.host_choice = W.Dropdown(options=st.host_options(), value=c.host, description="host",
                                       style=_STYLE, layout=wide)
         self.budget = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01,
                                     description=f"pin budget ({st.unit_name})", style=_STYLE,
-                                    continuous_update=False, layout=W.Layout(width="420px"))
+                                    continuous_update=False, layout=_box("460px"))
         self.budget_note = W.HTML()
         # a count applies to every group (capped at its size): say so where there are several
         per_group = "resident per group" if len(st.spec.groups) > 1 else "resident layers"
@@ -257,22 +277,32 @@ class PlanExplorer:
                                     style=_STYLE, continuous_update=False, layout=wide)
         self.tier = W.Dropdown(options=[("planner's choice", AUTO)] + [(t, t) for t in st.tier_options],
                                value=c.tier, description="forced tier", style=_STYLE, layout=wide)
+        self.issue = W.Dropdown(options=list(ISSUE_ORDERS), value=c.issue, description="issue order",
+                                style=_STYLE, layout=wide,
+                                tooltip="when the runtime issues a layer's copy: after the previous "
+                                        "layer's compute, or before it (offload(issue=...))")
+        self.passes = W.Dropdown(options=[("1 call" if n == 1 else f"{n} calls (guidance)", n)
+                                          for n in PASSES_CHOICES], value=c.passes,
+                                 description="calls per step", style=_STYLE, layout=wide,
+                                 tooltip="forwards of the model per denoising step: 2 with "
+                                         "classifier-free guidance")
         self.profile_choice = W.Dropdown(options=list(st.profiles), value=c.profile,
                                          description="device profile", style=_STYLE, layout=wide)
         self.steps = W.BoundedIntText(value=c.steps, min=1, max=STEPS_BOX_MAX, description="steps",
-                                      style=_STYLE, layout=W.Layout(width="200px"))
-        self.live = W.Checkbox(value=c.live, description="simulate on every change", indent=False)
+                                      style=_STYLE, layout=_box("240px"))
+        self.live = W.Checkbox(value=c.live, description="simulate on every change", indent=False,
+                               layout=_box("240px"))
         self.device_memory = W.BoundedFloatText(
             value=c.device_memory, min=0.5, max=4096.0, step=1.0, description="device GiB",
-            tooltip="device memory the plan must fit (estimated peak)")
+            style=_STYLE, layout=_box("260px"), tooltip="device memory the plan must fit (estimated peak)")
         self.report_path = W.Text(value=c.report_path, description="report file", style=_STYLE,
-                                  layout=W.Layout(width="360px"))
+                                  layout=_box("380px"))
         #: control name (a field of Controls) -> the widget that holds it
         self.controls: dict[str, Any] = {
             "host": self.host_choice, "budget": self.budget, "resident": self.resident,
             "residency": self.residency, "order": self.order, "prefetch": self.prefetch, "tier": self.tier,
-            "profile": self.profile_choice, "steps": self.steps, "live": self.live,
-            "device_memory": self.device_memory, "report_path": self.report_path,
+            "profile": self.profile_choice, "steps": self.steps, "issue": self.issue, "passes": self.passes,
+            "live": self.live, "device_memory": self.device_memory, "report_path": self.report_path,
         }
         for name, w in self.controls.items():
             w.observe(lambda change, name=name: self._on_control(name, change["new"]), names="value")
@@ -286,17 +316,20 @@ class PlanExplorer:
         self.run_button = W.Button(description="Run", button_style="success", disabled=st.fn is None,
                                    tooltip=("profile the real model with fn under this plan"
                                             if st.fn else "needs PlanExplorer(model, fn=...)"))
-        self.add_button = W.Button(description="Add to comparison", disabled=True)
-        self.tiers_button = W.Button(description="pinned vs pageable")
-        self.clear_button = W.Button(description="Clear comparison")
-        self.export_button = W.Button(description="Export report", icon="download")
+        self.add_button = W.Button(description="Add to comparison", disabled=True, layout=_box("160px"))
+        self.tiers_button = W.Button(description="pinned vs pageable", layout=_box("160px"))
+        self.clear_button = W.Button(description="Clear comparison", layout=_box("160px"))
+        self.export_button = W.Button(description="Export report", icon="download", layout=_box("160px"))
         self.recommend_button = W.Button(description="Recommend", button_style="info",
                                          tooltip="search the plan space with the simulator and load the "
                                                  "fastest plan that fits host and device")
-        self.front_choice = W.Dropdown(options=[], description="front plan", disabled=True)
+        self.front_choice = W.Dropdown(options=[], description="front plan", disabled=True,
+                                       style=_STYLE, layout=_box("460px"))
         self.front_choice.observe(self._on_front_choice, names="value")
-        self.progress = W.IntProgress(value=0, min=0, max=1, description="run",
-                                      layout=W.Layout(width="340px", visibility="hidden"))
+        # beside the Run button: the run it shows the progress of
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="running…",
+                                      style={"description_width": "initial"},
+                                      layout=W.Layout(width="260px", visibility="hidden"))
         self.status = W.HTML()
         self.ledger_html = W.HTML()
         self.reasons_html = W.HTML()
@@ -307,11 +340,12 @@ class PlanExplorer:
         self.ledger_out = W.Output()
         self.comparison_out = W.Output()
         self.recommend_out = W.Output()
-        for button, action in ((self.simulate_button, st.simulate), (self.run_button, st.run),
+        for button, action in ((self.simulate_button, st.simulate),
                                (self.add_button, st.add_to_comparison), (self.tiers_button, st.compare_tiers),
                                (self.clear_button, st.clear_comparison), (self.export_button, st.export_report),
                                (self.recommend_button, st.recommend)):
             button.on_click(lambda _b, action=action: self._button(action))
+        self.run_button.on_click(lambda _b: self._run_clicked())
 
     def _layout(self) -> None:
         tabs = W.Tab(children=[
@@ -320,19 +354,19 @@ class PlanExplorer:
             W.VBox([self.comparison_html, self.comparison_out]),
             W.VBox([self.recommend_html, self.recommend_out]),
         ])
-        for i, name in enumerate(("Timeline", "Tier map", "Plan: ledger & reasons", "Comparison", "Recommend")):
+        for i, name in enumerate(TAB_TITLES):
             tabs.set_title(i, name)
         self.tabs = tabs
         self.widget = W.VBox([
             self.title,
-            W.HBox([self.host_choice, self.budget, self.budget_note]),
-            W.HBox([self.resident, self.residency, self.order, self.resident_note]),
-            W.HBox([self.prefetch, self.tier, self.profile_choice]),
-            W.HBox([self.steps, self.live]),
-            W.HBox([self.simulate_button, self.run_button, self.add_button, self.tiers_button,
-                    self.clear_button]),
-            W.HBox([self.export_button, self.report_path, self.progress]),
-            W.HBox([self.device_memory, self.recommend_button, self.front_choice]),
+            _row(self.host_choice, self.budget), self.budget_note,
+            _row(self.resident, self.residency, self.order), self.resident_note,
+            _row(self.prefetch, self.tier, self.profile_choice),
+            _row(self.issue, self.passes, self.steps, self.live),
+            _row(self.simulate_button, self.run_button, self.progress, self.add_button, self.tiers_button,
+                 self.clear_button),
+            _row(self.export_button, self.report_path),
+            _row(self.device_memory, self.recommend_button, self.front_choice),
             self.status, tabs,
         ])
 
@@ -359,6 +393,20 @@ class PlanExplorer:
     def _progress(self, done: int, total: int) -> None:
         self.progress.max, self.progress.value = total, done
         self.progress.layout.visibility = "visible"
+        self.status.value = self.state.status_html()  # "running…", not the result before
+
+    def _run_clicked(self) -> None:
+        """Run, with the button off, the progress bar beside it and the status saying running…"""
+        if self._running:
+            return  # a second click while one run measures
+        self._running = True
+        self.run_button.disabled = True
+        try:
+            self._button(self.state.run)
+        finally:
+            self._running = False
+            self.run_button.disabled = self.state.fn is None
+            self.progress.layout.visibility = "hidden"
 
     # -- state → widgets --------------------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -380,7 +428,13 @@ class PlanExplorer:
                 v = getattr(c, name)
                 if w.value != v:
                     w.value = v
-        self.progress.layout.visibility = "hidden"
+        if not self._running:
+            self.progress.layout.visibility = "hidden"
+        # the open tab's figure first: it reaches the page while the rest is made (the status
+        # line simulates the other issue order; hidden tabs are drawn last, so a notebook saved
+        # with its widget state still holds every figure)
+        shown = self.tabs.selected_index or 0
+        self._draw_figures([shown])
         self.budget_note.value = st.budget_note()
         self.resident_note.value = st.resident_note()
         self.status.value = st.status_html()
@@ -391,13 +445,23 @@ class PlanExplorer:
         self.add_button.disabled = st.last_run is None
         possible, tip = st.tiers_tooltip()
         self.tiers_button.disabled, self.tiers_button.tooltip = not possible, tip
-        figs = st.figures
-        self._draw(self.tier_map_out, figs.get("tier_map"))
-        if len(st.spec.groups) > 1:
-            self._draw(self.ledger_out, figs.get("startup_peaks"))
-        self._draw(self.timeline_out, figs.get("timeline"))
-        self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
-        self._draw_front(figs.get("recommend_front"))
+        self._draw_figures([t for t in range(len(TAB_TITLES)) if t != shown])
+
+    def _draw_figures(self, tabs: Sequence[int] | None = None) -> None:
+        """Draw the figures of ``tabs`` (default: all), each only when it changed."""
+        st, figs = self.state, self.state.figures
+        tabs = range(len(TAB_TITLES)) if tabs is None else tabs
+        for tab in tabs:
+            if tab == 0:
+                self._draw(self.timeline_out, figs.get("timeline"))
+            elif tab == 1:
+                self._draw(self.tier_map_out, figs.get("tier_map"))
+            elif tab == 2 and len(st.spec.groups) > 1:
+                self._draw(self.ledger_out, figs.get("startup_peaks"))
+            elif tab == 3:
+                self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
+            elif tab == 4:
+                self._draw_front(figs.get("recommend_front"))
 
     def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
         """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it."""

@@ -40,6 +40,7 @@ from offload_lab.planning.hostmem import HostMemory, resolve_host
 from offload_lab.planning.options import (
     BACKENDS,
     FORCED_TIERS,
+    ISSUE_ORDERS,
     MAX_STEPS,
     OptionError,
     parse_tokens,
@@ -49,7 +50,7 @@ from offload_lab.planning.planner import plan as make_plan
 from offload_lab.record.run import Run, display_label
 from offload_lab.units import SizeError, format_bytes
 
-__all__ = ["ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "AUTO"]
+__all__ = ["ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "AUTO", "PASSES_CHOICES"]
 
 #: host sizes (GiB available) offered besides this machine, to ask "what if the host had ..."
 HYPOTHETICAL_HOSTS_GIB = (16, 32, 64, 128, 256, 512)
@@ -58,6 +59,10 @@ GIB, MIB = 2**30, 2**20
 AUTO = "auto"
 #: the most steps the steps box offers (a dashboard simulates while you wait)
 STEPS_BOX_MAX = 50
+#: the calls per step the guidance control offers: one call, or two with classifier-free guidance
+PASSES_CHOICES = (1, 2)
+#: plans and simulated runs kept for controls set again (a slider moved back and forth)
+_CACHE_SIZE = 64
 TIERS_TIP = ("simulate this plan with every streamed layer pinned (as far as the host can "
              "afford), then pageable, and add both to the comparison")
 _NO_RUNS_YET = ("<i>No runs kept yet: Simulate or Run, then Add to comparison (or press pinned vs "
@@ -68,6 +73,73 @@ _NO_RECOMMENDATION = ("<i>Press Recommend: the fastest plans that fit this host 
 
 class ExplorerError(OffloadLabError, ValueError):
     """An argument PlanExplorer cannot use; the message names it and what is accepted."""
+
+
+class LazyFigures(dict):
+    """The state's figures by name; a figure registered with :meth:`later` is made when it is
+    first read, so a figure no view shows (a hidden tab's) costs nothing on a control change.
+
+    >>> figs = LazyFigures()
+    >>> figs.later("answer", lambda: 42)
+    >>> "answer" in figs, dict.__contains__(figs, "answer"), figs["answer"]
+    (True, False, 42)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._makers: dict[str, Callable[[], Any]] = {}
+
+    def later(self, name: str, make: Callable[[], Any]) -> None:
+        dict.pop(self, name, None)
+        self._makers[name] = make
+
+    def _make_all(self) -> None:
+        for name in list(self._makers):
+            self[name]
+
+    def __getitem__(self, name: str) -> Any:
+        make = self._makers.pop(name, None)
+        if make is not None:
+            dict.__setitem__(self, name, make())
+        return dict.__getitem__(self, name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._makers.pop(name, None)
+        dict.__setitem__(self, name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._makers or dict.__contains__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def pop(self, name: str, *default: Any) -> Any:
+        if name in self._makers:
+            self[name]
+        return dict.pop(self, name, *default)
+
+    def __iter__(self):  # noqa: ANN204 - dict's own signature
+        self._make_all()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        return dict.__len__(self) + len(self._makers)
+
+    def keys(self):  # noqa: ANN201
+        self._make_all()
+        return dict.keys(self)
+
+    def values(self):  # noqa: ANN201
+        self._make_all()
+        return dict.values(self)
+
+    def items(self):  # noqa: ANN201
+        self._make_all()
+        return dict.items(self)
+
+    def __repr__(self) -> str:
+        self._make_all()
+        return dict.__repr__(self)
 
 
 def _nice_step(span: float) -> float:
@@ -94,6 +166,8 @@ class Controls:
     tier: str = AUTO
     profile: str = ""              # a key of ExplorerState.profiles
     steps: int = 3
+    issue: str = "after-compute"   # the runtime's issue order (offload_lab.offload(issue=...))
+    passes: int = 1                # calls of the model per step: 2 with classifier-free guidance
     live: bool = True
     device_memory: float = 24.0    # GiB the plan must fit on the device
     report_path: str = "offload-report.html"
@@ -141,7 +215,7 @@ class ExplorerState:
         self.plan_error: str | None = None  # why the controls make no plan, while they don't
         self.last_run: Run | None = None
         self.runs: list[Run] = []
-        self.figures: dict[str, Any] = {}
+        self.figures: dict[str, Any] = LazyFigures()
         self.report_file: Path | None = None
         self._message, self._message_is_html = "", False
         self.recommendation: Any = None
@@ -151,6 +225,14 @@ class ExplorerState:
         self.comparison_html = _NO_RUNS_YET
         #: called with (done, total) while :meth:`run` profiles (a view's progress bar)
         self.on_progress: Callable[[int, int], None] | None = None
+        #: True while :meth:`run` measures (the status then says "running…", not an old result)
+        self.running = False
+        self._plans: dict[Any, Plan] = {}        # plan key -> plan (see _make_plan)
+        self._plan_figures: dict[Any, dict] = {}  # plan key -> its figures (tier map, start-up peaks)
+        self._sims: dict[Any, Run] = {}          # plan key + profile + simulator options -> run
+        self._timelines: dict[int, Any] = {}     # id of a cached run -> its timeline figure
+        self._plan_key: Any = None               # the key of the plan on display
+        self._last_key: Any = None               # the key the last simulated run was made from
         self.layer_total = sum(store_bytes(layer)[0] for layer in self.spec.iter_layers())
         self.unit, self.unit_name = (GIB, "GiB") if self.layer_total >= GIB else (MIB, "MiB")
         self._probe: HostMemory | None = None
@@ -181,7 +263,7 @@ class ExplorerState:
         >>> st.set(colour="red")
         Traceback (most recent call last):
         ...
-        offload_lab.notebook.state.ExplorerError: control 'colour' is not one of host, budget, resident, residency, order, prefetch, tier, profile, steps, live, device_memory, report_path
+        offload_lab.notebook.state.ExplorerError: control 'colour' is not one of host, budget, resident, residency, order, prefetch, tier, profile, steps, issue, passes, live, device_memory, report_path
         """
         bad = [k for k in changes if k not in CONTROL_NAMES]
         if bad:
@@ -191,6 +273,11 @@ class ExplorerState:
             raise ExplorerError(f"host {changes['host']!r} is not one of {[v for _, v in self.host_options()]}")
         if "profile" in changes and changes["profile"] not in self.profiles:
             raise ExplorerError(f"profile {changes['profile']!r} is not one of {list(self.profiles)}")
+        if "issue" in changes and changes["issue"] not in ISSUE_ORDERS:
+            raise ExplorerError(f"issue {changes['issue']!r} is not one of {list(ISSUE_ORDERS)}")
+        if "passes" in changes and changes["passes"] not in PASSES_CHOICES:
+            raise ExplorerError(f"passes {changes['passes']!r} is not one of {list(PASSES_CHOICES)} "
+                                f"(calls of the model per step; 2 with classifier-free guidance)")
         new_host = "host" in changes and changes["host"] != c.host
         new_profile = "profile" in changes and changes["profile"] != c.profile
         for k, v in changes.items():
@@ -208,6 +295,15 @@ class ExplorerState:
         if set(changes) <= {"live", "report_path"}:
             return self.plan  # neither changes the plan
         return self.update_plan()
+
+    def _cached(self, cache: dict, key: Any, make: Callable[[], Any]) -> Any:
+        # a small insertion-ordered cache: a slider moved back to a value redraws without work
+        if key in cache:
+            return cache[key]
+        value = cache[key] = make()
+        while len(cache) > _CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+        return value
 
     @property
     def host(self) -> HostMemory:
@@ -279,8 +375,14 @@ class ExplorerState:
         }
 
     def sim_kwargs(self) -> dict[str, Any]:
-        """The arguments of :func:`offload_lab.simulate` that the controls stand for (plan and device aside)."""
-        return {"steps": int(self.controls.steps), "tokens": self.tokens}
+        """The arguments of :func:`offload_lab.simulate` that the controls stand for (plan and device aside).
+
+        >>> st = ExplorerState("wan2.1-t2v-1.3b", host="64GiB", live=False)
+        >>> st.set(issue="before-compute", passes=2) and sorted(st.sim_kwargs().items())
+        [('issue', 'before-compute'), ('passes', 2), ('steps', 3), ('tokens', None)]
+        """
+        c = self.controls
+        return {"steps": int(c.steps), "tokens": self.tokens, "issue": c.issue, "passes": int(c.passes)}
 
     def device_memory_bytes(self) -> int:
         """The device-memory control in bytes."""
@@ -319,14 +421,58 @@ class ExplorerState:
             return None
 
     # -- controls → plan ------------------------------------------------------------------------
-    def _make_plan(self, host: HostMemory, **overrides: Any) -> Plan:
+    def _plan_args(self, host: HostMemory, **overrides: Any) -> tuple[dict[str, Any], Any]:
         # the plan is checked against the device memory control (its ledger shows the estimated peak)
         kwargs = {**self.plan_kwargs(), "device_memory": self.device_memory_bytes(), "tokens": self.tokens,
                   **overrides}
-        with warnings.catch_warnings():
-            # a plan's warnings are shown in the ledger; printing them too would repeat them
-            warnings.simplefilter("ignore", PlanWarning)
-            return make_plan(self.spec, host=host, **kwargs)
+        key = (host.available, host.reserve, host.source, tuple(sorted(kwargs.items())))
+        return kwargs, key
+
+    def _make_plan(self, host: HostMemory, **overrides: Any) -> Plan:
+        kwargs, key = self._plan_args(host, **overrides)
+
+        def make() -> Plan:
+            with warnings.catch_warnings():
+                # a plan's warnings are shown in the ledger and the status line; printing them too
+                # would repeat them
+                warnings.simplefilter("ignore", PlanWarning)
+                return make_plan(self.spec, host=host, **kwargs)
+
+        return self._cached(self._plans, key, make)
+
+    def _simulate(self, plan: Plan, plan_key: Any, **overrides: Any) -> Run:
+        """``simulate(plan, profile, **sim_kwargs)``, once per plan, profile and options."""
+        from offload_lab.simulation import simulate
+
+        kw = {**self.sim_kwargs(), **overrides}
+        key = (plan_key, self.controls.profile, tuple(sorted(kw.items())))
+        return self._cached(self._sims, key, lambda: simulate(plan, self.profile(), **kw))
+
+    def _sim_key(self) -> tuple[Any, tuple]:
+        return self._plan_key, tuple(sorted(self.sim_kwargs().items()))
+
+    def other_order_run(self) -> Run | None:
+        """The last simulated run's plan in the other issue order (same profile, steps and calls);
+        None when the order does not change the plan (pinned copies only, or nothing streamed),
+        when the last run is measured, or when there is none.
+
+        >>> st = ExplorerState("wan2.1-t2v-14b", host="64GiB", live=False)
+        >>> _ = st.set(tier="pageable"); _ = st.simulate()
+        >>> st.other_order_run().meta["issue"], st.other_order_run().meta["evidence"]["status"]
+        ('before-compute', 'held-out')
+        """
+        from offload_lab.simulation.evidence import streams_host_blocking
+
+        run = self.last_run
+        if run is None or not run.simulated or self._last_key is None or not streams_host_blocking(run):
+            return None
+        plan_key, kw = self._last_key
+        plan = self._plans.get(plan_key)
+        if plan is None:
+            return None
+        kw = dict(kw)  # the options the shown run was simulated with, whatever the controls say now
+        kw["issue"] = next(o for o in ISSUE_ORDERS if o != kw["issue"])
+        return self._simulate(plan, plan_key, **kw)
 
     def update_plan(self) -> Plan | None:
         """Plan from the controls (and simulate it when ``live``).
@@ -335,16 +481,29 @@ class ExplorerState:
         keeps the previous plan and sets :attr:`error` to the planner's message.
         """
         try:
-            self.plan = self._make_plan(self.host)
+            _, key = self._plan_args(self.host)
+            plan = self._make_plan(self.host)
         except ValueError as e:
             self.error = self.plan_error = f"{type(e).__name__}: {e}"
             return None
         self.error = self.plan_error = None
-        from offload_lab.views import figures as viz
+        if plan is not self.plan or "tier_map" not in self.figures:
+            # only a new plan is drawn again: a simulator option (issue order, calls, steps,
+            # profile) leaves the plan and its figures as they are
+            from offload_lab.views import figures as viz
 
-        self.figures["tier_map"] = viz.tier_map(self.plan)
-        if len(self.spec.groups) > 1:
-            self.figures["startup_peaks"] = viz.startup_peaks(self.plan)
+            drawn = self._cached(self._plan_figures, key, dict)  # this plan's figures made so far
+            names = {"tier_map": viz.tier_map}
+            if len(self.spec.groups) > 1:
+                names["startup_peaks"] = viz.startup_peaks
+            for name, draw in names.items():
+                def make(name: str = name, draw: Callable[[Any], Any] = draw) -> Any:
+                    if name not in drawn:
+                        drawn[name] = draw(plan)
+                    return drawn[name]
+
+                self.figures.later(name, make)
+            self.plan, self._plan_key = plan, key
         if self.controls.live:
             self.guard(self.simulate)
         return self.plan
@@ -356,20 +515,18 @@ class ExplorerState:
         >>> ExplorerState("wan2.1-t2v-1.3b", host="64GiB", live=False).simulate().simulated
         True
         """
-        from offload_lab.simulation import simulate
         from offload_lab.views.figures import fmt_seconds
         from offload_lab.views.report_data import same_plan
-        from offload_lab.views.text import fmt_step
 
         if self.plan is None or self.plan_error:
             # the plan on display is the last valid one; simulating it would mislabel the result
             raise ExplorerError(f"the controls make no valid plan to simulate: {self.plan_error}")
-        run = simulate(self.plan, self.profile(), **self.sim_kwargs())
+        run = self._simulate(self.plan, self._plan_key)
         measured = [r for r in self.runs if not r.simulated and same_plan(r, run)]
         beside = (f"; measured {fmt_seconds(measured[-1].step_time)} under the same plan "
                   f"({run.step_time / measured[-1].step_time - 1:+.1%} predicted vs measured)") if measured else ""
-        self._set_last(run, f"simulated on {self.controls.profile}: "
-                            f"{fmt_step(run.step_time, run.meta)} per step{beside}")
+        self._set_last(run, f"simulated on {self.controls.profile}, {step_words(run)}{beside}")
+        self._last_key = self._sim_key()
         return run
 
     def run(self, **overrides: Any) -> Run:
@@ -398,19 +555,33 @@ class ExplorerState:
             import torch
 
             backend = "cuda" if torch.cuda.is_available() else "cpu"
-        label = f"{tier_summary(p.layers)} · prefetch {p.prefetch} · measured on {backend}"
+        issue = self.controls.issue
+        label = f"{tier_summary(p.layers)} · prefetch {p.prefetch} · {issue} · measured on {backend}"
         steps = int(self.controls.steps)
         total = steps + self.warmup
         tell = self.on_progress or (lambda _k, _n: None)
-        tell(0, total)
-        run = profile(self.model, self.fn, p, steps=steps, warmup=self.warmup, backend=backend,
-                      label=label, progress=lambda k, _n: tell(k, total))
+        # the status says "running…" until the run ends, never the result of the run before
+        self.running, self.message = True, f"running… {total} step(s) on {backend} ({issue})"
+        try:
+            tell(0, total)
+            run = profile(self.model, self.fn, p, steps=steps, warmup=self.warmup, backend=backend,
+                          label=label, progress=lambda k, _n: tell(k, total), issue=issue)
+        except BaseException:
+            self.message = f"run on {backend} failed"
+            raise
+        finally:
+            self.running = False
         self._offer_calibrated(run)
         peak = run.meta.get("device_peak") or {}
-        if peak:
+        if peak and backend == "cuda":
             note += (f"; device peak predicted {format_bytes(peak['predicted_bytes'])} (estimate), measured "
                      f"{format_bytes(peak['measured_bytes'])}")
-        self._set_last(run, f"measured on {backend}: {fmt_seconds(run.step_time)} per step{note}")
+        elif peak:
+            # the cpu backend has no device memory: its number is the weights it holds as one
+            note += (f"; no device peak on the {backend} backend (it held "
+                     f"{format_bytes(peak['measured_bytes'])} of weights as its device, no activations)")
+        self._set_last(run, f"measured on {backend} ({issue}): {fmt_seconds(run.step_time)} per step "
+                            f"(one call of fn){note}")
         return run
 
     def _offer_calibrated(self, run: Run) -> None:
@@ -427,9 +598,20 @@ class ExplorerState:
     def _set_last(self, run: Run, message: str) -> None:
         from offload_lab.views import figures as viz
 
-        self.last_run = run
         self.message = message
-        self.figures["timeline"] = viz.timeline(run)
+        self._last_key = None  # set again by simulate(), the one action whose other order is shown
+        if run is self.last_run and "timeline" in self.figures:
+            return  # the same (cached) run: its figure is on display already
+        self.last_run = run
+        held = self._timelines.get(id(run))
+        if held is not None and held[0] is run:
+            self.figures["timeline"] = held[1]
+        else:
+            fig = self.figures["timeline"] = viz.timeline(run)
+            if any(r is run for r in self._sims.values()):
+                self._timelines = {k: v for k, v in self._timelines.items()
+                                   if any(r is v[0] for r in self._sims.values())}
+                self._timelines[id(run)] = (run, fig)
 
     def add_to_comparison(self, run: Run | None = None) -> list[Run]:
         """Keep ``run`` (default: the last one) in the comparison; returns the runs kept.
@@ -567,7 +749,7 @@ class ExplorerState:
         from offload_lab.views.report_recommend import front_figure
 
         rec = recommend(self.spec, self.profile(), host=self.host, device_memory=self.device_memory_bytes(),
-                        tokens=self.tokens)
+                        tokens=self.tokens, calls_per_step=int(self.controls.passes))
         self.recommendation = rec
         self.front_options = [(f"#{int(r['id'])}: {r['step_s']:.3f} s, {int(r['resident_layers'])} "
                                f"resident, prefetch {int(r['prefetch'])}", int(r["id"]))
@@ -578,7 +760,10 @@ class ExplorerState:
         if rec.best is None:
             self.message = f"recommend: {rec.explanation}"
             return rec
-        self.figures["recommend_front"] = front_figure(rec)
+        fig = self.figures["recommend_front"] = front_figure(rec)
+        # the legend under the plot: at its default place it covers the colour bar's title
+        fig.update_layout(legend={"orientation": "h", "x": 0, "y": -0.22, "yanchor": "top"},
+                          margin={"b": 90})
         self.load_tried(int(rec.best_row["id"]))
         guidance = int(self.spec.meta.get("guidance_passes", 1) or 1)
         self.message = (f"recommended (simulated on {rec.profile.name}): "
@@ -606,10 +791,50 @@ class ExplorerState:
 
     # -- what a view shows ----------------------------------------------------------------------------
     def status_lines(self) -> list[tuple[str, str | None, bool]]:
-        """The status line's parts, ``(kind, text, is_html)``, in order (see :func:`display.status_html`)."""
-        return [("plan", self.plan.summary() if self.plan is not None else None, False),
-                ("message", self._message, self._message_is_html),
+        """The status line's parts, ``(kind, text, is_html)``, in order (see :func:`display.status_html`).
+
+        The plan (its budget in the slider's number and unit), the plan's warnings, the last
+        action's message (a simulated step time with what it rests on, or "running…" while a
+        run measures) and, where the plan streams pageable, mapped or staged layers, the other
+        issue order's prediction with its own evidence.
+
+        >>> st = ExplorerState("wan2.1-t2v-14b", host="64GiB", live=False)
+        >>> _ = st.set(tier="pageable", passes=2); _ = st.simulate()
+        >>> [k for k, text, _ in st.status_lines() if text]
+        ['plan', 'message', 'other order']
+        """
+        other = None if self.running else self.other_order_run()
+        stale = (self.last_run is not None and self.last_run.simulated and self._last_key is not None
+                 and self._last_key != self._sim_key() and not self.running)
+        message = self._message + (" — for the controls before the last change: press Simulate"
+                                   if stale and not self._message_is_html else "")
+        return [("plan", self.plan_line(), False),
+                ("warning", "; ".join(self.plan.warnings) if self.plan is not None else None, False),
+                ("message", message, self._message_is_html),
+                ("other order", step_words(other) if other is not None else None, False),
                 ("error", self.error, False)]
+
+    def budget_text(self) -> str:
+        """The pin budget as the slider shows it (its number, digits and unit).
+
+        >>> st = ExplorerState("wan2.1-t2v-14b", host="32GiB", live=False)
+        >>> st.budget_text()
+        "26.2 GiB (the slider's top: everything the host can spend, 30.00 GiB)"
+        """
+        text = f"{self.controls.budget:.{self.budget_digits}f} {self.unit_name}"
+        if self.pin_budget() is None:
+            text += f" (the slider's top: everything the host can spend, {format_bytes(self.host.spendable)})"
+        return text
+
+    def plan_line(self) -> str | None:
+        """The plan's summary, its budget written as the budget slider reads it."""
+        if self.plan is None:
+            return None
+        text = self.plan.summary()
+        led = self.plan.ledger or {}
+        if "budget" in led:
+            text = text.replace(f"of budget {format_bytes(led['budget'])}", f"of budget {self.budget_text()}", 1)
+        return text
 
     def status_html(self) -> str:
         """The status line: the plan's summary, the last action's message and any error."""
@@ -648,6 +873,27 @@ class ExplorerState:
     def __repr__(self) -> str:
         plan = self.plan.summary() if self.plan is not None else f"no plan ({self.error})"
         return f"<ExplorerState {self.spec.name!r}: {plan}; {len(self.runs)} run(s) kept>"
+
+
+def step_words(run: Run) -> str:
+    """A simulated run's step time for the status line: its issue order, per call and per step
+    (the calls spelled out), and what it rests on (± band, or the word that says no run does).
+
+    >>> import offload_lab
+    >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
+    >>> p = offload_lab.plan(spec, tier="pageable", host=offload_lab.HostMemory(available="64GiB"))
+    >>> step_words(offload_lab.simulate(p, "h200", steps=1, passes=2))  # doctest: +ELLIPSIS
+    'after-compute order: ... s per call × 2 calls = ... s per step (simulated; unconfirmed — no GPU run of this issue order yet)'
+    """
+    from offload_lab.simulation.evidence import issue_of
+    from offload_lab.views.text import evidence_text, fmt_seconds
+
+    passes = int(run.meta.get("passes", 1) or 1)
+    step = float(run.step_time)
+    calls = (f"{fmt_seconds(step / passes)} per call × {passes} calls = {fmt_seconds(step)} per step"
+             if passes > 1 else f"{fmt_seconds(step)} per step, 1 call per step")
+    note = evidence_text(run.meta)
+    return f"{issue_of(run)} order: {calls}" + (f" {note}" if note else "")
 
 
 # -- inputs ---------------------------------------------------------------------------------------
