@@ -13,7 +13,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from offload_lab.planning.planner import pinned_footprint
 from offload_lab.units import format_bytes
+from offload_lab.views import figures as viz
 
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
@@ -142,7 +144,6 @@ def status_html(lines: Sequence[tuple[str, str | None, bool]]) -> str:
 
 def ledger_html(p: Plan) -> str:
     """The plan's budget ledger (host and device) and its warnings, as a key/value table."""
-    from offload_lab.planning.planner import pinned_footprint
 
     led = p.ledger
     peaks = {s: p.startup_peak(s) for s in ("grouped", "naive")}
@@ -185,7 +186,6 @@ def reasons_html(p: Plan) -> str:
 
 def comparison_html(runs: Sequence[Run]) -> str:
     """The comparison table of the runs kept (cells escaped)."""
-    from offload_lab.views import figures as viz
 
     if not runs:
         return "<i>No runs kept.</i>"

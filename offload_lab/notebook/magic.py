@@ -39,6 +39,8 @@ from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 import offload_lab
 from offload_lab.errors import OffloadLabError
+from offload_lab.model.load import spec_of
+from offload_lab.model.pipeline import is_pipeline
 from offload_lab.notebook.display import figure_html
 from offload_lab.notebook.models import spec_for_model
 from offload_lab.planning.options import (
@@ -50,7 +52,11 @@ from offload_lab.planning.options import (
     parse_tiers,
     plan_kwargs,
 )
+from offload_lab.planning.pipeline import plan_pipeline
+from offload_lab.planning.planner import plan
 from offload_lab.record.steps import scheduler_of
+from offload_lab.views import figures as viz
+from offload_lab.views.report import report
 
 if TYPE_CHECKING:
     from torch import nn
@@ -223,7 +229,6 @@ def summary_bundle(runs: list[Run], figures: bool = True, title: str | None = No
     >>> sorted(b), "simulated" in b["text/plain"]
     (['text/html', 'text/plain'], True)
     """
-    from offload_lab.views import figures as viz
 
     table = viz.comparison_frame(runs)
     head = title or ("offload_profile: " + (runs[0].meta.get("model") or "model"))
@@ -314,8 +319,6 @@ class OffloadMagics(Magics):
             source = cell
         runs, plan = self._profile_all(args, model_expr, source)
         if args.report:
-            from offload_lab.views.report import report
-
             path = report(runs, plan=plan).save(args.report)
             if not args.quiet:
                 print(f"report written to {path}")
@@ -336,7 +339,6 @@ class OffloadMagics(Magics):
         except Exception as e:
             raise MagicArgumentError(f"MODEL {expr!r} could not be evaluated in the notebook "
                                      f"namespace: {type(e).__name__}: {e}") from None
-        from offload_lab.model.pipeline import is_pipeline
 
         if not isinstance(model, nn.Module) and not is_pipeline(model):
             raise MagicArgumentError(f"MODEL {expr!r} is a {type(model).__name__}; expected a "
@@ -356,9 +358,6 @@ class OffloadMagics(Magics):
                                      f"(line {e.lineno})") from None
 
     def _plan(self, spec: ModelSpec, args: Any, tier: str | None) -> Plan:
-        from offload_lab.planning.options import plan_kwargs
-        from offload_lab.planning.planner import plan
-
         try:
             return plan(spec, **{**plan_kwargs(args), "tier": tier})
         except ValueError as e:
@@ -368,8 +367,6 @@ class OffloadMagics(Magics):
 
     def _pipeline_plan(self, pipe: Any, args: Any, tier: str | None) -> Any:
         """One plan per component of a pipeline, ranked by uses per request."""
-        from offload_lab.model.load import spec_of
-        from offload_lab.planning.pipeline import plan_pipeline
 
         try:
             return plan_pipeline(spec_of(pipe), **{**plan_kwargs(args), "tier": tier})
@@ -380,8 +377,7 @@ class OffloadMagics(Magics):
 
     def _profile_all(self, args: Any, model_expr: str, source: str) -> tuple[list[Run], Plan]:
         __tracebackhide__ = True
-        from offload_lab.model.pipeline import is_pipeline
-        from offload_lab.record.runtime import profile
+        from offload_lab.record.runtime import profile  # heavy: torch
 
         tiers = args.tiers or []
         if tiers and args.tier:

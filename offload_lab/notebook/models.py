@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from offload_lab.model.load import spec_of
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -19,6 +21,4 @@ def spec_for_model(model: nn.Module) -> ModelSpec:
     >>> spec_for_model(synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=2)).name
     'wan2.1-t2v-1.3b'
     """
-    from offload_lab.model.load import spec_of
-
     return spec_of(model)

@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from offload_lab.analysis.summary import tier_summary
 from offload_lab.checks import check_int
 from offload_lab.errors import OffloadLabError
+from offload_lab.model import catalog
 from offload_lab.model.spec import ModelSpec
 from offload_lab.notebook import display
 from offload_lab.notebook.models import spec_for_model
@@ -48,7 +50,17 @@ from offload_lab.planning.options import (
 from offload_lab.planning.planner import Plan, PlanWarning, store_bytes
 from offload_lab.planning.planner import plan as make_plan
 from offload_lab.record.run import Run, display_label
+from offload_lab.simulation.calibration import calibrate
+from offload_lab.simulation.engine import simulate
+from offload_lab.simulation.evidence import issue_of, streams_host_blocking
+from offload_lab.simulation.profile import DeviceProfile, names
+from offload_lab.simulation.recommend import recommend, step_text
 from offload_lab.units import SizeError, format_bytes
+from offload_lab.views import figures as viz
+from offload_lab.views.report import report
+from offload_lab.views.report_data import same_plan
+from offload_lab.views.report_recommend import front_figure
+from offload_lab.views.text import evidence_text, fmt_seconds
 
 __all__ = ["ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "AUTO", "PASSES_CHOICES"]
 
@@ -393,8 +405,6 @@ class ExplorerState:
         return self.profiles[self.controls.profile]
 
     def _profile_memory_gib(self) -> float | None:
-        from offload_lab.simulation import DeviceProfile
-
         prof = self.profile()
         if isinstance(prof, str):
             prof = DeviceProfile.load(prof)
@@ -442,7 +452,6 @@ class ExplorerState:
 
     def _simulate(self, plan: Plan, plan_key: Any, **overrides: Any) -> Run:
         """``simulate(plan, profile, **sim_kwargs)``, once per plan, profile and options."""
-        from offload_lab.simulation import simulate
 
         kw = {**self.sim_kwargs(), **overrides}
         key = (plan_key, self.controls.profile, tuple(sorted(kw.items())))
@@ -461,7 +470,6 @@ class ExplorerState:
         >>> st.other_order_run().meta["issue"], st.other_order_run().meta["evidence"]["status"]
         ('before-compute', 'held-out')
         """
-        from offload_lab.simulation.evidence import streams_host_blocking
 
         run = self.last_run
         if run is None or not run.simulated or self._last_key is None or not streams_host_blocking(run):
@@ -490,7 +498,6 @@ class ExplorerState:
         if plan is not self.plan or "tier_map" not in self.figures:
             # only a new plan is drawn again: a simulator option (issue order, calls, steps,
             # profile) leaves the plan and its figures as they are
-            from offload_lab.views import figures as viz
 
             drawn = self._cached(self._plan_figures, key, dict)  # this plan's figures made so far
             names = {"tier_map": viz.tier_map}
@@ -515,8 +522,6 @@ class ExplorerState:
         >>> ExplorerState("wan2.1-t2v-1.3b", host="64GiB", live=False).simulate().simulated
         True
         """
-        from offload_lab.views.figures import fmt_seconds
-        from offload_lab.views.report_data import same_plan
 
         if self.plan is None or self.plan_error:
             # the plan on display is the last valid one; simulating it would mislabel the result
@@ -536,9 +541,7 @@ class ExplorerState:
         pins this machine cannot afford); the message says when that changed any tier.
         ``overrides`` are :func:`offload_lab.plan` arguments that replace the controls'.
         """
-        from offload_lab.analysis.summary import tier_summary
-        from offload_lab.record.runtime import profile
-        from offload_lab.views.figures import fmt_seconds
+        from offload_lab.record.runtime import profile  # heavy: torch
 
         if self.model is None or self.fn is None:
             raise ExplorerError("Run needs the live model and fn: PlanExplorer(model, "
@@ -586,7 +589,6 @@ class ExplorerState:
 
     def _offer_calibrated(self, run: Run) -> None:
         """Add a profile fitted to the measured run to the profiles offered (not selected)."""
-        from offload_lab.simulation import calibrate
 
         try:
             fitted = calibrate(run)
@@ -596,8 +598,6 @@ class ExplorerState:
         self.profiles[key] = fitted
 
     def _set_last(self, run: Run, message: str) -> None:
-        from offload_lab.views import figures as viz
-
         self.message = message
         self._last_key = None  # set again by simulate(), the one action whose other order is shown
         if run is self.last_run and "timeline" in self.figures:
@@ -632,8 +632,6 @@ class ExplorerState:
         return self.runs
 
     def _comparison_changed(self) -> None:
-        from offload_lab.views import figures as viz
-
         if self.runs:
             self.figures["step_times"] = viz.step_times(self.runs)
             self.figures["bandwidth"] = viz.bandwidth(self.runs)
@@ -682,8 +680,6 @@ class ExplorerState:
         >>> pageable.step_time >= pinned.step_time * (1 - 1e-9), len(st.runs)  # hidden at best
         (True, 2)
         """
-        from offload_lab.simulation import simulate
-        from offload_lab.views.figures import fmt_seconds
 
         bad = [t for t in tiers if t not in FORCED_TIERS]
         if isinstance(tiers, str) or bad or not tiers:
@@ -724,7 +720,6 @@ class ExplorerState:
         >>> st.export_report("/tmp/explorer-state-doctest.html").name
         'explorer-state-doctest.html'
         """
-        from offload_lab.views.report import report
 
         runs = list(self.runs) or ([self.last_run] if self.last_run is not None else [])
         if not runs and self.plan is None:
@@ -745,8 +740,6 @@ class ExplorerState:
         >>> st.plan.tier_counts == rec.best.tier_counts
         True
         """
-        from offload_lab.simulation.recommend import recommend, step_text
-        from offload_lab.views.report_recommend import front_figure
 
         rec = recommend(self.spec, self.profile(), host=self.host, device_memory=self.device_memory_bytes(),
                         tokens=self.tokens, calls_per_step=int(self.controls.passes))
@@ -885,8 +878,6 @@ def step_words(run: Run) -> str:
     >>> step_words(offload_lab.simulate(p, "h200", steps=1, passes=2))  # doctest: +ELLIPSIS
     'after-compute order: ... s per call × 2 calls = ... s per step (simulated; unconfirmed — no GPU run of this issue order yet)'
     """
-    from offload_lab.simulation.evidence import issue_of
-    from offload_lab.views.text import evidence_text, fmt_seconds
 
     passes = int(run.meta.get("passes", 1) or 1)
     step = float(run.step_time)
@@ -901,8 +892,6 @@ def _resolve_model(obj: Any) -> tuple[Any, ModelSpec]:
     if isinstance(obj, ModelSpec):
         return None, obj
     if isinstance(obj, str):
-        from offload_lab.model import catalog
-
         return None, catalog.load(obj)
     try:
         from torch import nn
@@ -922,8 +911,6 @@ def _resolve_host(host: Any) -> HostMemory | None:
 
 
 def _resolve_profiles(profile: Any) -> dict[str, Any]:
-    from offload_lab.simulation import DeviceProfile, names
-
     shipped = names()
     profiles: dict[str, Any] = {n: n for n in shipped}
     if profile is None:
