@@ -172,7 +172,9 @@ def pinned_vs_pageable(measured_runs: Sequence[Run], simulated_runs: Sequence[Ru
         traces.append({
             "type": "bar", "name": esc(source) + (" — a prediction" if after else ""),
             "x": [list(d["group"]), list(d["tier"])], "y": list(d["step_s"]),
+            # vertical labels: four bars a tier leave no room for horizontal ones at a readable size
             "text": [esc(_bar_text(r)) for _, r in d.iterrows()], "textposition": "outside",
+            "textangle": -90, "textfont": {"size": 10}, "cliponaxis": False,
             "marker": marker, "offsetgroup": source,
             "error_y": {"type": "data", "array": band, "visible": bool(any(band)), "color": "#555"},
             "customdata": list(d["status"]),
@@ -183,6 +185,7 @@ def pinned_vs_pageable(measured_runs: Sequence[Run], simulated_runs: Sequence[Ru
         "measured: before-compute order (every shipped H200 run) · simulated before-compute: held-out band · "
         "simulated after-compute (offload-lab's default): unconfirmed, no GPU run of that order yet · "
         "reported: another layerwise-offload runtime, its own GPU (no ratio across devices)")
-    return make_figure(traces, title, height=460, barmode="group",
-                       yaxis={"title": {"text": "seconds per step"}, "rangemode": "tozero"},
+    top = float((df["step_s"] * (1 + df["band"].fillna(0).astype(float))).max())
+    return make_figure(traces, title, height=480, barmode="group", uniformtext={"minsize": 9, "mode": "show"},
+                       yaxis={"title": {"text": "seconds per step"}, "range": [0, top * 1.5]},
                        xaxis={"type": "multicategory"})
