@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from offload_lab.model import catalog
+from offload_lab.planning.hostmem import HostMemory
+from offload_lab.planning.planner import plan as make_plan
 from offload_lab.record.run import Run
+from offload_lab.record.shipped import shipped_runs
+from offload_lab.simulation.calibration import tokens_of
+from offload_lab.simulation.evidence import both_orders, issue_of
 from offload_lab.views.figure_kit import (
     SIM_PATTERN,
     VizError,
@@ -77,9 +83,6 @@ def story_frame(measured_runs: Sequence[Run], simulated_runs: Sequence[Run] = ()
     the last two rows. A simulated run's pinned plan is the same under either order, so it is
     listed under both simulated sources.
     """
-    from offload_lab.simulation.calibration import tokens_of
-    from offload_lab.simulation.evidence import issue_of
-
     rows: list[dict[str, Any]] = []
     for r in list(measured_runs) + list(simulated_runs):
         if not isinstance(r, Run):
@@ -121,18 +124,14 @@ def story_frame(measured_runs: Sequence[Run], simulated_runs: Sequence[Run] = ()
 def story_runs(device: str = "h200", tokens: int = 32760) -> tuple[list[Run], list[Run]]:
     """The shipped measured all-pinned and all-pageable runs at ``tokens``, and their plans
     simulated on ``device`` under both issue orders (:func:`~offload_lab.simulation.evidence.both_orders`)."""
-    import offload_lab
-    from offload_lab.simulation.calibration import tokens_of
-    from offload_lab.simulation.evidence import both_orders
-
-    measured = [r for r in offload_lab.shipped_runs() if _tier_of(r) and tokens_of(r) == tokens
+    measured = [r for r in shipped_runs() if _tier_of(r) and tokens_of(r) == tokens
                 and str(r.meta.get("model", "")) in _SHORT]
-    host = offload_lab.HostMemory(available="1TiB")
+    host = HostMemory(available="1TiB")
     simulated: list[Run] = []
     for model in dict.fromkeys(str(r.meta["model"]) for r in measured):
-        spec = offload_lab.catalog.load(model)
+        spec = catalog.load(model)
         for tier in _TIERS:
-            simulated += both_orders(offload_lab.plan(spec, tier=tier, host=host), device, steps=2, tokens=tokens)
+            simulated += both_orders(make_plan(spec, tier=tier, host=host), device, steps=2, tokens=tokens)
     return measured, simulated
 
 
