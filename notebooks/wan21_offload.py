@@ -203,8 +203,8 @@ figures.step_times(tier_runs)
 
 # %% [markdown]
 # **The reported figure.** Another layerwise-offload runtime reported Wan2.1 with every DiT
-# block pinned at 1.03 s per step, all pageable at 1.90 s (×1.84, its own pair on its own GPU). The two numbers alone do not say which regime they came from, but
-# each reading implies link rates that can be checked against what links deliver (the profiles
+# block pinned at 1.03 s per step, all pageable at 1.90 s (×1.84, its own pair on its own GPU).
+# The two numbers alone do not say which regime they came from, but each reading implies link rates that can be checked against what links deliver (the profiles
 # above: 25–55 GB/s pinned, 9–18 GB/s pageable on PCIe 4.0/5.0 x16):
 #
 # * *copy-bound*: the step is the time to move the blocks, so rate = bytes / step time;

@@ -124,8 +124,8 @@ def h200_pinned_pageable() -> str:
     return (f"**{m14[0]['step_s']:.2f} s per step with every block pinned and {m14[1]['step_s']:.2f} s all "
             f"pageable ({m14[1]['vs_pinned']:.2f}×)**; the 1.3B-shaped one {fmt_seconds(m13[0]['step_s'])} vs "
             f"{fmt_seconds(m13[1]['step_s'])} ({m13[1]['vs_pinned']:.2f}×). Pinned copies "
-            f"({rates['14B pinned p1']:.1f} GB/s) hide behind compute on the copy stream; pageable ones "
-            f"({rates['14B pageable p1']:.1f} GB/s)")
+            f"({rates['14B pinned p1']:.1f} GB/s per block in the 14B run) hide behind compute on the copy "
+            f"stream; pageable ones ({rates['14B pageable p1']:.1f} GB/s)")
 
 
 def sim_pinned_pageable() -> str:
