@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rebuild data/devices/h200.json from the measured H200 runs under data/runs/.
 
-    .venv/bin/python scripts/calibrate_h200.py [--runs data/runs/h200-2026-12-01] [--check]
+    .venv/bin/python scripts/calibrate_h200.py [--runs data/runs/h200-2026-12-01 [MORE ...]] [--check]
 
 Bandwidths come from the copy rows of the runs of each tier (median bytes/duration); the
 compute curve (a per-block floor plus a saturated rate, ``floor + FLOPs / rate``) from
@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", default=str(ROOT / "data/runs/h200-2026-12-01"))
+    # several folders: the shipped runs and the ones a later session brought back (docs/gpu.md)
+    ap.add_argument("--runs", nargs="+", default=[str(ROOT / "data/runs/h200-2026-12-01")])
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from offload_lab.simulation import DeviceProfile
 
     # the main stage's runs (the diffusers-* side-by-side pair is a later, separate stage)
-    files = sorted(p for p in Path(args.runs).glob("*.zip") if not p.name.startswith("diffusers-"))
+    files = [p for d in args.runs for p in sorted(Path(d).glob("*.zip")) if not p.name.startswith("diffusers-")]
     runs = {r.label: r for r in (offload_lab.Run.load(p) for p in files)}
     by_tier: dict[str, list[float]] = {}
     for r in runs.values():
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     # error: what every simulated run's evidence is looked up in
     from offload_lab.simulation.evidence import regime_table
 
-    regimes = regime_table(by_file, loo=loo, source=Path(args.runs).name)
+    regimes = regime_table(by_file, loo=loo, source=", ".join(Path(d).name for d in args.runs))
 
     old = DeviceProfile.load("h200")
     d = old.to_dict()

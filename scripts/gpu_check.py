@@ -12,6 +12,8 @@ comparison table (``comparison.csv``) and the simulator's predictions from a pro
 calibrated on the pinned run (``sim_accuracy.csv``). Needs only torch, pandas, pyarrow, psutil
 and safetensors. Without CUDA it exits with a clear message.
 
+``--stage first`` runs what a first session on a GPU should: the smoke checks, the issue-order
+experiment, then as many evidence stages as fit ``--budget-s`` (``scripts/gpu_first.py``).
 ``--stage evidence`` (or a comma-separated list of its stages) runs the measurements the
 simulator's accuracy still lacks instead: see ``scripts/gpu_stages.py`` for the stages, their
 times and which to skip when short of time.
@@ -65,11 +67,12 @@ def fast_build(spec, dev, seed: int = 0, **kw):
     return model.eval()
 
 
-def smoke(dev, log=print) -> dict:
+def smoke(dev, log=print, backend: str = "cuda") -> dict:
     """Correctness of the cuda backend on small models: outputs bit-identical to the model
     run wholly on the GPU, for every tier and prefetch depth, with the device peak (the
     allocator's high-water mark) against the planner's estimate; the model restored after; the
-    startup peak of grouped vs naive init on a two-group model against the planner."""
+    startup peak of grouped vs naive init on a two-group model against the planner.
+    ``backend="cpu"`` rehearses the checks without a GPU (``--stage first``'s cpu test)."""
     import tempfile
 
     import torch
@@ -97,7 +100,7 @@ def smoke(dev, log=print) -> dict:
             sp = offload_lab.spec_of(m)
             plan = (offload_lab.plan(sp, resident=sp.groups[0].num_layers, host=host) if tier == "resident"
                     else offload_lab.plan(sp, tier=tier, prefetch=p, host=host))
-            with offload_lab.offload(m, plan, backend="cuda") as mgr, torch.no_grad():
+            with offload_lab.offload(m, plan, backend=backend) as mgr, torch.no_grad():
                 outs = []
                 for _ in range(2):
                     with mgr.step():
@@ -130,7 +133,7 @@ def smoke(dev, log=print) -> dict:
     plan = offload_lab.plan(offload_lab.spec_of(h3), tier="pinned", prefetch=1, host=host)
     for init in ("grouped", "naive"):
         torch.cuda.empty_cache()
-        with offload_lab.offload(h3, plan, backend="cuda", init=init) as mgr:
+        with offload_lab.offload(h3, plan, backend=backend, init=init) as mgr:
             pass
         measured, predicted = mgr._meta["startup_peak_bytes"], plan.startup_peak(init)
         results["startup_peak"][init] = {"measured": measured, "predicted": predicted}
@@ -296,14 +299,18 @@ def pipeline_check(dev, log=print) -> list:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for the runs, comparison and log")
-    ap.add_argument("--budget-s", type=float, default=360.0,
-                    help="skip remaining configurations once this many seconds have passed (default 360)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="skip remaining configurations once this many seconds have passed (default 360; "
+                         "--stage first: run each part only while its estimated time fits, default 420)")
     ap.add_argument("--steps", type=int, default=2, help="measured steps per run (default 2)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (default 1)")
     ap.add_argument("--tokens", type=int, default=32760, help="video tokens (default 32760 = 480p)")
     ap.add_argument("--skip-14b", action="store_true", help="skip the T2V-14B-shaped pair")
     ap.add_argument("--stage", default="all",
-                    help="main: smoke + measured runs; smoke: only the correctness checks; "
+                    help="first: smoke, then the issue-order experiment (14B-shaped: all pinned, all pageable "
+                         "under both issue orders, all staged), then as many evidence stages as fit --budget-s "
+                         "(scripts/gpu_first.py; under 8 minutes); "
+                         "main: smoke + measured runs; smoke: only the correctness checks; "
                          "ranks: the multi-rank checks (nccl gather, host staging bandwidth; about a minute); "
                          "staged: pinned vs pageable (both issue orders) vs staged vs a quarter pinned + staged, "
                          "1.3B and 14B, about 3 minutes; "
@@ -315,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
                          "evidence: every stage of scripts/gpu_stages.py, or a comma-separated list of them "
                          f"({', '.join(STAGES)}) (default all)")
     args = ap.parse_args(argv)
-    named = ("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks", "pipeline", "staged")
+    if args.budget_s is not None and not args.budget_s > 0:
+        ap.error(f"--budget-s {args.budget_s!r}: accepted: a positive number of seconds")
+    if args.budget_s is None:
+        args.budget_s = 420.0 if args.stage == "first" else 360.0
+    named = ("all", "main", "smoke", "extras", "diffusers", "recommend", "ranks", "pipeline", "staged", "first")
     evidence = [] if args.stage in named else (
         list(STAGES) if args.stage == "evidence" else [x.strip() for x in args.stage.split(",")])
     unknown = [x for x in evidence if x not in STAGES]
@@ -397,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if evidence:
         return 1 if run_stages(evidence, out, dev) else 0
+    if args.stage == "first":
+        from gpu_first import run_first
+
+        res = run_first(out, dev, budget_s=args.budget_s, tokens=args.tokens, steps=args.steps, warmup=args.warmup,
+                        log=lambda m: print(m, flush=True))
+        return 1 if res["failed"] else 0
 
     if args.stage in ("all", "extras"):
         try:

@@ -30,10 +30,15 @@ def _machine(torch: Any) -> dict[str, Any]:
 
 def staged_stage(dev: Any, out: Path, runs_dir: Path, build: Callable, tokens: int, steps: int, warmup: int,
                  budget_s: float = 170.0, log: Callable[[str], None] = print, backend: str = "cuda",
-                 models: tuple = (("wan2.1-t2v-1.3b", "1.3B"), ("wan2.1-t2v-14b", "14B"))) -> list[dict[str, Any]]:
+                 models: tuple = (("wan2.1-t2v-1.3b", "1.3B"), ("wan2.1-t2v-14b", "14B")),
+                 configs: tuple[str, ...] | None = None, facts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run the staged comparison; returns one row per configuration (also ``out/staged.csv``).
 
-    ``backend="cpu"`` with a small ``build`` rehearses the stage without a GPU."""
+    ``backend="cpu"`` with a small ``build`` rehearses the stage without a GPU. ``configs`` keeps
+    only the configurations of those names (``"pinned"``, ``"pageable before-compute"``,
+    ``"pageable after-compute"``, ``"staged"``, ``"quarter pinned + staged"``); ``facts`` (e.g.
+    ``gpu_stages.machine_facts()``) replaces the short machine summary each run carries, and also
+    goes in ``meta["machine"]``."""
     import pandas as pd
     import torch
 
@@ -42,8 +47,12 @@ def staged_stage(dev: Any, out: Path, runs_dir: Path, build: Callable, tokens: i
     from offload_lab.analysis.summary import tier_summary
 
     t0 = time.perf_counter()
+    wanted = None if configs is None else set(configs)
     host = HostMemory.probe()
-    facts = _machine(torch) if backend == "cuda" else {"cpu": platform.processor() or platform.machine()}
+    if facts is None:
+        facts = _machine(torch) if backend == "cuda" else {"cpu": platform.processor() or platform.machine()}
+    else:
+        facts = dict(facts)
     rows: list[dict[str, Any]] = []
     for model_name, short in models:
         if time.perf_counter() - t0 > budget_s * 0.5 and short == "14B":
@@ -67,6 +76,8 @@ def staged_stage(dev: Any, out: Path, runs_dir: Path, build: Callable, tokens: i
             ("quarter pinned + staged", offload_lab.plan(spec, pin_budget=quarter, staging=True, host=big),
              "after-compute"),
         ]
+        if wanted is not None:
+            configs = [c for c in configs if c[0] in wanted]
         ref = None
         for name, plan, issue in configs:
             if time.perf_counter() - t0 > budget_s:
@@ -85,6 +96,7 @@ def staged_stage(dev: Any, out: Path, runs_dir: Path, build: Callable, tokens: i
             same = bool(torch.equal(out_t, ref))
             run.meta["gpu_check"] = {"tokens": tokens, "stage": "staged", "machine": facts, "model": model_name,
                                      "bit_identical_to_pinned": same}
+            run.meta["machine"] = facts
             run.save(runs_dir / f"staged-{label.replace(' ', '_').replace('+', 'and')}.zip")
             st = run.steps
             rows.append({"label": label, "issue": issue, "tiers": tier_summary(plan.layers),

@@ -34,6 +34,9 @@ All of them take about 16 minutes: more than the 8 minutes one session aims at. 
 
     PYTHONPATH=. python3 scripts/gpu_check.py --out DIR --stage tokens,short,overhead,cfg720,pin_memory,diffusers_bare,h3
 
+``--stage first`` (``scripts/gpu_first.py``) runs the smoke checks and the issue-order
+experiment, then these stages in this order while their estimates fit its ``--budget-s``.
+
 ``run_stages(..., scale=0.01)`` runs ``pin_memory``, ``diffusers_bare`` and ``h3`` at a tiny
 width on the cpu backend: their logic, not their numbers (``tests/test_gpu_stages.py``).
 """

@@ -167,7 +167,7 @@ def stage_pin_memory(st, dev, scale: float = 1.0, layers: int = 8, repeats: int 
     def exact():
         fresh = [LayerStore.from_module("blocks", i, b, "pinned") for i, b in enumerate(blocks)]
         for s in fresh:
-            s.host_fill(pin=cuda, keep_original=lambda t: True)  # the model keeps its own weights
+            s.host_fill(pin=cuda, file_backed=lambda t: True)  # a store of its own: the model keeps its weights
         bufs = [s.buffers for s in fresh]
 
         def release() -> None:

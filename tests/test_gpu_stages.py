@@ -219,3 +219,36 @@ def test_gpu_check_names_an_unknown_stage(stages, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--out", "unused", "--stage", "h3,pin-memory"])
     assert "['pin-memory'] unknown" in capsys.readouterr().err
+
+
+def test_first_runs_its_parts_in_order_within_the_budget_and_names_what_it_skipped(stages, tmp_path):
+    from gpu_first import ISSUE_CONFIGS, ORDER, run_first
+
+    # a budget no part fits: nothing runs, and first.json says each part was skipped, in order
+    res = run_first(tmp_path / "none", CPU, budget_s=0.5, scale=SCALE)
+    assert res["ran"] == [] and res["skipped"] == res["order"]
+    assert res["order"] == [p for p in ORDER if p not in stages.STAGES or p in stages.SCALED]
+    assert json.loads((tmp_path / "none" / "first.json").read_text())["skipped"] == res["order"]
+
+    # smoke and the issue-order experiment fit; the evidence stages' estimates do not
+    out = tmp_path / "first"
+    big = {name: 10_000.0 for name in stages.SCALED}
+    res = run_first(out, CPU, budget_s=3_000, scale=SCALE, tokens=64, steps=1, warmup=0,
+                    estimates={"smoke": 1.0, "issue_order": 1.0, **big})
+    assert res["ran"] == ["smoke", "issue_order"] and res["failed"] == []
+    assert res["skipped"] == [p for p in stages.STAGES if p in stages.SCALED]
+    assert list(res["wall_s"]) == ["smoke", "issue_order"]
+    smoke = json.loads((out / "smoke.json").read_text())
+    assert all(smoke["identical"].values()) and all(smoke["restored"].values())
+    runs = {offload_lab.Run.load(p).label: offload_lab.Run.load(p) for p in sorted(out.glob("staged-14B_*.zip"))}
+    assert sorted(runs) == sorted(f"14B {c}" for c in ISSUE_CONFIGS)
+    issues = {label: r.meta["issue"] for label, r in runs.items()}
+    assert issues["14B pageable before-compute"] == "before-compute"
+    assert issues["14B pageable after-compute"] == "after-compute"
+    for r in runs.values():
+        assert r.meta["machine"]["host_cores"] == os.cpu_count()  # the full facts, not a summary
+        assert r.meta["gpu_check"]["bit_identical_to_pinned"] is True
+        assert r.meta["model"] == "wan2.1-t2v-14b" and len(r.layers) == 4
+    assert not list(out.glob("pin_memory*")) and not list(out.glob("h3*"))
+    with pytest.raises(ValueError, match="budget_s=0"):
+        run_first(tmp_path / "x", CPU, budget_s=0)

@@ -48,6 +48,18 @@ def _jupyter() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter"]
 
 
+_SHOW_OWN_DEPRECATIONS = ("import warnings\n"
+                          "warnings.filterwarnings('always', category=DeprecationWarning, "
+                          "module=r'offload_lab(\\.|$)')")
+
+
+def own_deprecations(nb) -> list[str]:
+    """The DeprecationWarning lines an executed notebook printed from offload_lab's modules."""
+    return [line for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stderr"
+            for line in o.get("text", "").splitlines()
+            if "DeprecationWarning" in line and "offload_lab" in line]
+
+
 def executed(name: str, tmp_root: Path) -> dict:
     """Execute ``name`` once (nbclient, headless), export it to HTML; cache the result."""
     if name in _CACHE:
@@ -57,6 +69,9 @@ def executed(name: str, tmp_root: Path) -> dict:
     work = tmp_root / name.removesuffix(".ipynb")
     work.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    # every DeprecationWarning raised from offload_lab's own modules is shown (Python hides them
+    # outside __main__), so the executed test can fail on it; the cell is taken out again after
+    nb.cells.insert(0, nbformat.v4.new_code_cell(_SHOW_OWN_DEPRECATIONS))
     # run from a directory outside the checkout, as a user's copy of the notebook would be:
     # whatever the notebook reads (catalog, device profiles, shipped runs) must come through the
     # package, never from paths relative to the working directory
@@ -72,6 +87,7 @@ def executed(name: str, tmp_root: Path) -> dict:
         else:
             os.environ["OFFLOAD_LAB_NOTEBOOK_OUT"] = old
     seconds = time.perf_counter() - start
+    nb.cells.pop(0)
     path = work / name
     nbformat.write(nb, path)
     subprocess.run([*_jupyter(), "nbconvert", "--to", "html", str(path)], check=True,
@@ -140,6 +156,7 @@ def test_notebook_executes_headless(name, tmp_root):
     nb = res["nb"]
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors[0]
+    assert not own_deprecations(nb), own_deprecations(nb)
     text = _text(nb)
     assert "simulated" in text.lower()
     if not _has_cuda():

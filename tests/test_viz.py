@@ -370,3 +370,39 @@ def test_time_axes_in_ms_when_steps_are_short(measured, h3_sim):
     assert h3_sim.step_time > 1
     assert viz.timeline(h3_sim).layout.xaxis.title.text == "time (s from run start)"
     assert viz.step_times([h3_sim]).layout.xaxis.title.text == "s per step"
+
+
+def test_pinned_vs_pageable_from_the_shipped_runs_keeps_sources_apart_and_marks_unconfirmed():
+    from offload_lab.views import story
+
+    measured, simulated = story.story_runs()
+    df = story.story_frame(measured, simulated)
+    # the measured pair is the shipped H200 runs' own step times, before-compute order
+    steps = {r.label: r.step_time for r in offload_lab.shipped_runs("wan2.1-t2v-14b")}
+    m14 = df[(df["source"] == story.SOURCES[0]) & (df["model"] == "wan2.1-t2v-14b")].set_index("tier")
+    assert m14.loc["pinned", "step_s"] == steps["14B pinned p1"]
+    assert m14.loc["pageable", "step_s"] == steps["14B pageable p1"]
+    assert set(m14["issue"]) == {"before-compute"}
+    assert m14.loc["pageable", "vs_pinned"] == pytest.approx(steps["14B pageable p1"] / steps["14B pinned p1"])
+    # the after-compute pageable prediction is unconfirmed; the before-compute one carries its band
+    after = df[(df["source"] == "simulated after-compute") & (df["tier"] == "pageable")]
+    before = df[(df["source"] == "simulated before-compute") & (df["tier"] == "pageable")]
+    assert set(after["status"]) == {"unconfirmed"} and after["band"].isna().all()
+    assert set(before["status"]) == {"held-out"} and (before["band"] > 0).all()
+    # every ratio is within one source, model and token count: the reported pair only against itself
+    rep = df[df["source"] == story.SOURCES[3]].set_index("tier")
+    assert rep.loc["pageable", "vs_pinned"] == pytest.approx(1.90 / 1.03)
+
+    fig = story.pinned_vs_pageable(measured, simulated)
+    names = [t.name for t in fig.data]
+    assert [n.split(" — ")[0] for n in names] == list(story.SOURCES)
+    by = {t.name.split(" — ")[0]: t for t in fig.data}
+    assert "prediction" in by["simulated after-compute"].name
+    assert any("unconfirmed" in s for s in by["simulated after-compute"].text)
+    assert all("unconfirmed" not in s for s in by["measured (before-compute)"].text)
+    assert set(by["reported (another runtime)"].x[0]) == {"Wan2.1<br>reported"}
+    assert list(by["reported (another runtime)"].y) == [1.03, 1.90]
+    assert by["simulated before-compute"].error_y.visible
+    assert by["simulated after-compute"].marker.pattern.shape == "x"
+    with pytest.raises(VizError, match="no all-pinned or all-pageable"):
+        story.story_frame([r for r in offload_lab.shipped_runs() if "half" in r.label])

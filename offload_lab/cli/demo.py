@@ -182,7 +182,7 @@ def _print_results(s: _Setup, measured: list[Run], gpu_runs: list[Run], sim_runs
     if s.backend == "cpu":
         gap = measured[1].step_time / measured[0].step_time  # all pageable / all pinned
         here = f" (here all pageable took {gap:.2f}× the all-pinned step)" if math.isfinite(gap) else ""
-        say(CPU_NOTE.format(here=here, where="'s runs above"))
+        say(CPU_NOTE.format(here=here, where=" (the SIMULATED rows above, each order labelled)"))
 
 
 def _save_runs(runs: list[Run], directory: Path) -> None:

@@ -70,7 +70,8 @@ __all__ = ["OffloadMagics", "load_ipython_extension", "summary_bundle", "user_tr
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep  # the offload_lab package
 _CPU_NOTE = ("cpu backend: there is no DMA engine and no page-locking on a CPU, so pinned, pageable "
              "and mapped runs take about the same time here; the pinned-vs-pageable difference is "
-             "measured on a GPU (or predicted by offload_lab.simulate on a device profile).")
+             "measured on a GPU in the before-compute order (the shipped H200 runs), and "
+             "offload_lab.simulate predicts both orders on a device profile (after-compute: unconfirmed).")
 
 
 class MagicArgumentError(OffloadLabError, UsageError, ValueError):

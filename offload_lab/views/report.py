@@ -60,8 +60,10 @@ PLOTLY_CONFIG = {"displaylogo": False, "responsive": True,
                  "modeBarButtonsToRemove": ["lasso2d", "select2d", "autoScale2d"]}
 _CPU_NOTE = ("On the cpu backend there is no DMA engine and no page-locking: the copy thread competes "
              "with compute for the same cores and memory bandwidth, so pinned and pageable runs take "
-             "about the same time. The pinned-vs-pageable story is told by GPU runs and by the "
-             "simulator on device profiles.")
+             "about the same time. On a GPU the gap depends on the issue order: runs in the "
+             "before-compute order (every shipped H200 run) measure it, and the simulator reproduces "
+             "them within its held-out band; its after-compute runs (offload-lab's default order) "
+             "predict pageable copies hiding almost like pinned ones, unconfirmed by any GPU run yet.")
 
 
 class ReportError(OffloadLabError, ValueError):
