@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from offload_lab.errors import OffloadLabError
 
-__all__ = ["InputFileError", "MissingInputError", "check_input", "open_binary", "read_bytes", "read_text",
+__all__ = ["json_document", "InputFileError", "MissingInputError", "check_input", "open_binary", "read_bytes", "read_text",
            "read_json", "parse_json", "describe_size", "MAX_JSON_BYTES", "MAX_RUN_FILE_BYTES",
            "MAX_TRACE_BYTES"]
 
@@ -189,3 +189,28 @@ def read_json(path: str | os.PathLike, what: str, cap_bytes: int, accepted: str 
               object_pairs_hook: Callable[[list], Any] | None = None) -> Any:
     """The JSON document of a checked regular file of at most ``cap_bytes``."""
     return parse_json(read_bytes(path, what, cap_bytes, accepted), f"{what} {str(path)!r}", object_pairs_hook)
+
+
+def json_document(path_or_text: str | os.PathLike, what: str,
+                  error: type[Exception] = InputFileError) -> Any:
+    """The JSON document ``path_or_text`` holds: JSON text itself (it starts with ``{``), or the
+    path of a regular file of at most :data:`MAX_JSON_BYTES`; any refusal is one ``error`` line.
+
+    >>> json_document('{"a": 1}', "model spec")
+    {'a': 1}
+    >>> json_document("/dev/zero", "model spec", ValueError)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: model spec '/dev/zero' is a character device, not a regular file; ...
+    """
+    text, where = str(path_or_text), what
+    try:
+        if not text.lstrip().startswith("{"):
+            where = f"{what} {text!r}"
+            # a regular file within the cap, never a FIFO or a device
+            text = read_text(path_or_text, what, MAX_JSON_BYTES)
+        return parse_json(text, where)
+    except InputFileError as e:
+        if error is InputFileError:
+            raise
+        raise error(str(e)) from None

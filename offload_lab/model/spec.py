@@ -21,7 +21,7 @@ import pandas as pd
 
 from offload_lab.checks import is_int
 from offload_lab.errors import OffloadLabError
-from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
+from offload_lab.reading import json_document
 from offload_lab.units import format_bytes
 from offload_lab.writing import atomic_write
 
@@ -306,16 +306,7 @@ class ModelSpec:
         ...
         offload_lab.model.spec.SpecError: model spec is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
         """
-        text, where = str(path_or_text), "model spec"
-        try:
-            if not text.lstrip().startswith("{"):
-                where = f"model spec {text!r}"
-                # a regular file of at most 64 MiB, never a FIFO or a device
-                text = read_text(path_or_text, "model spec", MAX_JSON_BYTES)
-            data = parse_json(text, where)
-        except InputFileError as e:
-            raise SpecError(str(e)) from None
-        return cls.from_dict(data)
+        return cls.from_dict(json_document(path_or_text, "model spec", SpecError))
 
     # -- safetensors ---------------------------------------------------------------------
     @classmethod

@@ -17,7 +17,7 @@ from typing import Any
 from offload_lab import vocabulary
 from offload_lab.checks import check_choice, check_int, check_number, is_number
 from offload_lab.model import flops
-from offload_lab.reading import MAX_JSON_BYTES, InputFileError, parse_json, read_text
+from offload_lab.reading import json_document
 from offload_lab.shipped import data_dir, searched
 from offload_lab.simulation.errors import ProfileError, SimError
 from offload_lab.simulation.regimes import check_regimes
@@ -347,17 +347,7 @@ class DeviceProfile:
 
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> DeviceProfile:
-        text = str(path_or_text)
-        where = "device profile"
-        try:
-            if not text.lstrip().startswith("{"):
-                where = f"device profile {text!r}"
-                # a regular file of at most 64 MiB, never a FIFO or a device
-                text = read_text(path_or_text, "device profile", MAX_JSON_BYTES)
-            data = parse_json(text, where)
-        except InputFileError as e:
-            raise ProfileError(str(e)) from None
-        return cls.from_dict(data)
+        return cls.from_dict(json_document(path_or_text, "device profile", ProfileError))
 
     @classmethod
     def load(cls, name: str | os.PathLike) -> DeviceProfile:
