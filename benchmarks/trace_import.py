@@ -1,20 +1,26 @@
-"""How fast, and in how much memory, ``from_torch_profiler`` imports a large Kineto trace.
+"""How fast, and in how much memory, ``from_torch_profiler`` imports a large Kineto trace, beside HTA.
 
 Writes a synthetic trace of the shape torch.profiler records for layer-wise offload on a GPU
 (``ProfilerStep#N`` spans; per block a ``record_function`` label on the CPU and its
 ``gpu_user_annotation`` on the compute stream; ``aten::`` ops with ``cudaLaunchKernel`` runtime
 calls, kernels and ``ac2g`` flow events; prefetch copies for the next block as
 ``cudaMemcpyAsync`` + ``Memcpy HtoD (Pinned|Pageable -> Device)`` on a copy stream; metadata
-rows), then imports it in a fresh process per size and format and prints a table of CPU seconds
-(``time.process_time`` of the import call; of importing the module; of the whole process), wall
-seconds and peak RSS (``resource.getrusage``: the child's maximum resident set, and that minus
-the RSS after ``import offload_lab.record.kineto``).
+rows) once per size and format, as ``rank-0.<format>`` in a directory of its own, then imports
+it in a fresh process per size and format. With ``--hta-python`` the same file is also parsed
+by Holistic Trace Analysis (``TraceAnalysis(trace_dir=...)``: construction only, which parses
+the traces), in a fresh process of that Python, so that neither tool's modules are in the
+other's process. Printed per run: CPU seconds and peak RSS of the whole child process (the
+kernel's ``wait4`` account), CPU of the import call alone and of importing the module, wall
+seconds; then the ratio HTA / offload-lab of the whole processes.
 
     .venv/bin/python benchmarks/trace_import.py                 # 100 k and 1 M events, .json and .json.gz
+    .venv/bin/python benchmarks/trace_import.py --hta-python /tmp/hta-venv/bin/python --formats json.gz
     .venv/bin/python benchmarks/trace_import.py --events 200000 --tracemalloc --json-load
 
-``--tracemalloc`` adds the peak of Python allocations during the import (a slower, separate run);
-``--json-load`` adds the naive baseline ``json.load`` of the whole file, for comparison.
+HTA lives in an environment of its own (``python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip
+install HolisticTraceAnalysis``; it does not need torch); without ``--hta-python`` it is skipped
+with a message. ``--tracemalloc`` adds the peak of Python allocations during the import (a
+slower, separate run); ``--json-load`` adds the naive baseline ``json.load`` of the whole file.
 """
 
 from __future__ import annotations
@@ -247,21 +253,75 @@ else:  # the naive baseline: the whole document in memory
     info = {"rows": len(doc["traceEvents"])}
 cpu = time.process_time() - c
 secs = time.perf_counter() - t
-ru = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"seconds": secs, "cpu_s": cpu, "module_cpu_s": t_mod, "process_cpu_s": ru.ru_utime + ru.ru_stime,
-                  "peak_mb": ru.ru_maxrss / 1024, "base_mb": base / 1024, **info}))
+print(json.dumps({"seconds": secs, "cpu_s": cpu, "module_cpu_s": t_mod, "base_mb": base / 1024, **info}))
+"""
+
+# Holistic Trace Analysis, parse only: constructing TraceAnalysis reads every rank file of the
+# directory into its frames (what a user waits for before the first analysis)
+_HTA_CHILD = r"""
+import logging, resource, sys, time, json
+t_mod = time.process_time()
+from hta.trace_analysis import TraceAnalysis
+t_mod = time.process_time() - t_mod
+logging.disable(logging.WARNING)  # HTA logs each parse stage as a warning
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+c = time.process_time()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+cpu = time.process_time() - c
+secs = time.perf_counter() - t
+rows = sum(len(df) for df in a.t.traces.values())
+print(json.dumps({"seconds": secs, "cpu_s": cpu, "module_cpu_s": t_mod, "base_mb": base / 1024, "rows": rows}))
 """
 
 
-def measure(mode: str, path: Path) -> dict:
-    """Run one import in a fresh interpreter so its peak RSS is its own."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True,
-                         text=True, env=env, check=True)
+def _child(cmd: list[str], env: dict) -> dict:
+    """Run ``cmd`` in a fresh process; its JSON line plus the kernel's account of the whole process
+    (``wait4``: user + system CPU of it and the children it waited for, its peak RSS)."""
     import json
 
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=tempfile.gettempdir())
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text = out.read().decode()
+        if p.returncode != 0 or not text.strip():
+            tail = err.read().decode(errors="replace").strip().splitlines()[-15:]
+            raise SystemExit(f"{cmd[0]} exited with {p.returncode}:\n" + "\n".join(tail))
+    r = json.loads(text.strip().splitlines()[-1])
+    r.update(process_cpu_s=ru.ru_utime + ru.ru_stime, peak_mb=ru.ru_maxrss / 1024, process_wall_s=wall)
+    return r
+
+
+def measure(mode: str, path: Path) -> dict:
+    """One offload-lab import in a fresh interpreter, so its CPU and peak RSS are its own."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return _child([sys.executable, "-c", _CHILD, mode, str(path)], env)
+
+
+def measure_hta(python: str, trace_dir: Path) -> dict:
+    """One HTA ``TraceAnalysis(trace_dir=...)`` in a fresh interpreter of its own environment."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return _child([python, "-c", _HTA_CHILD, str(trace_dir)], env)
+
+
+def _versions(hta_python: str | None) -> str:
+    from importlib.metadata import version
+
+    ours = f"offload-lab {version('offload-lab')}, pandas {version('pandas')}, numpy {version('numpy')}, " \
+           f"Python {sys.version.split()[0]}"
+    if not hta_python:
+        return ours
+    code = ("import sys; from importlib.metadata import version as v; print(f\"HolisticTraceAnalysis "
+            "{v('HolisticTraceAnalysis')}, pandas {v('pandas')}, numpy {v('numpy')}, Python "
+            "{sys.version.split()[0]}\")")
+    theirs = subprocess.run([hta_python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return f"{ours}; HTA side: {theirs}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,43 +330,73 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of trace sizes in events (default 100 k and 1 M)")
     ap.add_argument("--dir", default=None, help="where to write the traces (default: a temp dir)")
     ap.add_argument("--formats", default="json,json.gz", help="comma list of json, json.gz")
+    ap.add_argument("--hta-python", default=None,
+                    help="a Python with HolisticTraceAnalysis installed: also time TraceAnalysis(trace_dir=...) "
+                         "on the same files, in its own processes")
     ap.add_argument("--tracemalloc", action="store_true", help="also measure the Python allocation peak")
     ap.add_argument("--json-load", action="store_true", help="also time a whole-file json.load")
     args = ap.parse_args(argv)
-    load0 = os.getloadavg()[0]
+    formats = args.formats.split(",")
+    if bad := [f for f in formats if f not in ("json", "json.gz")]:
+        ap.error(f"--formats {','.join(bad)}: accepted json, json.gz")
+    if args.hta_python and not Path(args.hta_python).exists():
+        ap.error(f"--hta-python {args.hta_python!r} does not exist; expected the python of an environment "
+                 f"with HolisticTraceAnalysis")
+    if not args.hta_python:
+        print("HTA skipped: pass --hta-python PATH (a Python with HolisticTraceAnalysis installed) to compare",
+              file=sys.stderr)
+    load0 = os.getloadavg()
     rows = []
     for events in (int(e) for e in args.events.split(",")):
         with tempfile.TemporaryDirectory(prefix="trace-bench-", dir=args.dir) as tmp:
-            for fmt in args.formats.split(","):
-                path = Path(tmp) / f"synthetic.{fmt}"
+            for fmt in formats:
+                # one directory per format holding one rank file: HTA reads a directory of ranks
+                (Path(tmp) / fmt).mkdir()
+                path = Path(tmp) / fmt / f"rank-0.{fmt}"
                 t = time.perf_counter()
                 n = write_trace(path, events)
-                print(f"wrote {path.name}: {n:,} events, {path.stat().st_size / 2**20:.0f} MiB on disk "
+                size = path.stat().st_size / 2**20
+                print(f"wrote {path.name}: {n:,} events, {size:.0f} MiB on disk "
                       f"in {time.perf_counter() - t:.1f} s", file=sys.stderr)
                 modes = ["import"] + (["tracemalloc"] if args.tracemalloc else []) + \
                     (["json.load"] if args.json_load else [])
                 for mode in modes:
-                    r = measure(mode, path)
-                    rows.append((fmt, mode, n, path.stat().st_size / 2**20, r))
-    print(f"\n{'format':8} {'what':10} {'events':>10} {'file MiB':>9} {'CPU s':>7} {'wall s':>7} "
-          f"{'µs/event':>9} {'module CPU s':>13} {'process CPU s':>14} {'peak RSS MiB':>13} {'over base':>10} "
+                    rows.append((fmt, "offload-lab", mode, n, size, measure(mode, path)))
+                if args.hta_python:
+                    rows.append((fmt, "HTA", "parse", n, size, measure_hta(args.hta_python, path.parent)))
+    print(f"\n{'format':8} {'tool':12} {'what':10} {'events':>10} {'file MiB':>9} {'process CPU s':>14} "
+          f"{'peak RSS MiB':>13} {'over base':>10} {'call CPU s':>11} {'µs/event':>9} {'module CPU s':>13} {'wall s':>7} "
           f"{'tracemalloc':>12}  rows/steps/layers")
-    for fmt, mode, n, size, r in rows:
+    for fmt, tool, mode, n, size, r in rows:
         tm = f"{r['tracemalloc_peak_mb']:.0f}" if "tracemalloc_peak_mb" in r else "-"
         timed = mode != "tracemalloc"
         cpu = f"{r['cpu_s']:.2f}" if timed else "-"
-        secs = f"{r['seconds']:.2f}" if timed else "-"
+        secs = f"{r['process_wall_s']:.2f}" if timed else "-"
         per = f"{r['cpu_s'] / n * 1e6:.2f}" if timed else "-"
         shape = f"{r.get('rows', '-')}/{r.get('steps', '-')}/{r.get('layers', '-')}"
-        print(f"{fmt:8} {mode:10} {n:>10,} {size:>9.0f} {cpu:>7} {secs:>7} {per:>9} {r['module_cpu_s']:>13.2f} "
-              f"{r['process_cpu_s']:>14.2f} {r['peak_mb']:>13.0f} {r['peak_mb'] - r['base_mb']:>10.0f} {tm:>12}  "
-              f"{shape}")
+        print(f"{fmt:8} {tool:12} {mode:10} {n:>10,} {size:>9.1f} {r['process_cpu_s']:>14.2f} {r['peak_mb']:>13.0f} "
+              f"{r['peak_mb'] - r['base_mb']:>10.0f} {cpu:>11} {per:>9} {r['module_cpu_s']:>13.2f} {secs:>7} {tm:>12}  {shape}")
+    if args.hta_python:
+        print("\nwhole processes, HTA / offload-lab (targets: CPU >= 10x, peak RSS >= 3x):")
+        ours = {(fmt, n): r for fmt, tool, mode, n, _, r in rows if tool == "offload-lab" and mode == "import"}
+        for fmt, tool, _, n, _, r in rows:
+            if tool != "HTA":
+                continue
+            o = ours[(fmt, n)]
+            cpu_x, rss_x = r["process_cpu_s"] / o["process_cpu_s"], r["peak_mb"] / o["peak_mb"]
+            call_x = r["cpu_s"] / o["cpu_s"]
+            print(f"  {n:>10,} events {fmt:8} CPU {cpu_x:5.1f}x ({'met' if cpu_x >= 10 else 'NOT met'})  "
+                  f"peak RSS {rss_x:4.1f}x ({'met' if rss_x >= 3 else 'NOT met'})  "
+                  f"[call alone, no module imports: CPU {call_x:.1f}x]")
     # the machine may be shared: the load says how much of its cores these runs had
-    print(f"\n{os.cpu_count()} CPUs, load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"'CPU s' = the import call alone, 'module CPU s' = importing offload_lab.record.kineto (numpy, pandas, "
-          f"pyarrow), 'process CPU s' = the whole child process; 'over base' = peak RSS minus RSS after "
-          f"importing the module")
+    print(f"\n{os.cpu_count()} CPUs, load average {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
+          f"{_versions(args.hta_python)}")
+    print("'process CPU s' / 'peak RSS' = the whole child process (wait4: user + system, max RSS), "
+          "'call CPU s' = from_torch_profiler / TraceAnalysis(trace_dir=...) alone, 'module CPU s' = "
+          "importing offload_lab.record.kineto / hta.trace_analysis; 'over base' = peak RSS minus the RSS "
+          "after those imports")
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
