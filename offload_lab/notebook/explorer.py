@@ -491,9 +491,12 @@ class PlanExplorer:
         for trace in widget.data:
             trace.on_click(self.on_front_click)
         self.recommend_out.outputs = ()
-        with self.recommend_out:
-            from IPython.display import display as show
+        from IPython import get_ipython
+        from IPython.display import display as show
 
+        if get_ipython() is None:  # no kernel, no page: IPython would print the widget's repr instead
+            return
+        with self.recommend_out:
             show(widget)
 
     # -- in a notebook ----------------------------------------------------------------------------------
