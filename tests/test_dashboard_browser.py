@@ -106,6 +106,10 @@ def lab(tmp_path_factory):
     settings = home / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
     settings.mkdir(parents=True)
     (settings / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
+    # no "get notified about Jupyter news?" toast over the dashboard in the screenshots
+    news = home / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     server = JupyterLab(root, home, free_port(), secrets.token_hex(16))
     try:
         server.start(pythonpath=str(REPO))
@@ -263,6 +267,9 @@ PANEL_FIGURES_JS = """() => { const t = document.querySelector('.jp-OutputArea .
   const k = [...t.querySelector('.widget-tab-contents').children]
     .find(k => !k.classList.contains('lm-mod-hidden') && k.offsetParent !== null);
   return k ? k.querySelectorAll('.js-plotly-plot .main-svg').length : -1; }"""
+# the messages of widget views that failed to render ("Click to show javascript error")
+WIDGET_ERRORS_JS = """() => [...document.querySelectorAll('.jp-OutputArea .jupyter-widgets.widget-error, .jp-OutputArea .widget-error')]
+  .map(e => { e.click(); return e.innerText || e.textContent; })"""
 # the figures each tab must show once Simulate (live), "pinned vs pageable" and Recommend ran
 TAB_FIGURES = {"Timeline": 1, "Tier map": 1, "Plan": 0, "Comparison": 1, "Recommend": 1}
 
@@ -285,9 +292,11 @@ def _tab_layouts(page, name: str, shots: Path) -> list[str]:
             page.wait_for_function(f"() => ({PANEL_FIGURES_JS})() >= {want}", timeout=WAIT_MS)
         except Exception:
             raise AssertionError(f"{name}: tab {title!r} drew {page.evaluate(PANEL_FIGURES_JS)} figure(s), "
-                                 f"expected {want}: {page.evaluate(OUTPUT_TEXT_JS)!r}") from None
+                                 f"expected {want}: {page.evaluate(WIDGET_ERRORS_JS)!r}; "
+                                 f"{page.evaluate(OUTPUT_TEXT_JS)!r}") from None
         page.wait_for_timeout(300)  # plotly lays a legend out after the first paint
-        page.screenshot(path=str(shots / f"{name}-{i}-{title.replace(' ', '-')}.png"), full_page=True)
+        # the notebook scrolls inside its panel, not the page: shoot the tab widget itself
+        page.locator(TABS).first.screenshot(path=str(shots / f"{name}-{i}-{title.replace(' ', '-')}.png"))
         problems += [f"{title}: label cut {c}" for c in page.evaluate(CLIPPED_JS)]
         # figures of the hidden tabs have no box; those of this one must read
         shown = [f for f in page.evaluate(FIGURE_LAYOUT) if f["box"] is not None]
@@ -309,6 +318,8 @@ def test_dashboards_show_the_issue_order_and_every_tab_reads(lab, context, name,
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, lab.root / path)
     page = context.new_page()
+    # tall enough that a tab's screenshot holds the whole panel (the notebook scrolls inside)
+    page.set_viewport_size({"width": 1400, "height": 2400})
     try:
         # a workspace of its own, reset: the page shows this notebook alone
         page.goto(f"{lab.url}/lab/workspaces/{name.replace('.', '-')}/tree/{path}?reset&token={lab.token}",
