@@ -28,8 +28,10 @@
 #
 # This notebook takes a small model through the whole loop — plan, profile, read the timeline,
 # compare, report — then does the same with one line (`%offload_profile`) and with a dashboard
-# (`PlanExplorer`). It runs on a laptop CPU in about a minute. Runs that were *measured* say on
-# which backend; runs the *simulator* predicted always say "simulated".
+# (`PlanExplorer`). It runs on a CPU: executed headless it took about 20 s on two idle cores;
+# on a busy machine, or the first time torch is imported after installing, allow a few minutes.
+# Runs that were *measured* say on which backend; runs the *simulator* predicted always say
+# "simulated".
 
 # %%
 import os

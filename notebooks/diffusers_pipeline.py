@@ -33,6 +33,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import diffusers
 import plotly.io as pio
 import torch
 
@@ -41,6 +42,10 @@ from offload_lab import figures
 from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_call, tiny_wan_pipeline
 
 pio.renderers.default = "plotly_mimetype+notebook"
+# diffusers logs harmless notes to stderr (e.g. "text_encoder=None ... cannot be saved" for the
+# pipeline saved without a text encoder) and draws loading bars: none is about offload-lab
+diffusers.utils.logging.set_verbosity_error()
+diffusers.utils.logging.disable_progress_bar()
 
 # reports go to $OFFLOAD_LAB_NOTEBOOK_OUT, else artifacts/notebooks/ of the checkout (git ignores it)
 ROOT = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "data" / "models").is_dir()),

@@ -283,7 +283,7 @@ else:
           "residency on a larger scaled H3 with the cuda backend.")
 
 # %% [markdown]
-# ## What fits a 24 GiB card with 64 GiB of host RAM
+# ## 8. What fits a 24 GiB card with 64 GiB of host RAM
 #
 # `offload_lab.recommend` searches the plan space — resident count and pattern, prefetch depth,
 # pin order, pin budget, forced tiers — with the simulator, keeps the plans whose host memory and
@@ -307,8 +307,7 @@ display(rec.front[["id", "residency", "resident_layers", "prefetch", "order", "t
 # guidance). The report below carries the recommendation, its front and the explanation.
 
 # %% [markdown]
-# ## 8. Report
-# ## 8. What staging buys on a small pin budget
+# ## 9. What staging buys on a small pin budget
 #
 # On the 5.32 GiB host of section 2 per-layer grants pin four of 52 blocks; the other 48 pay
 # the pageable price. With `staging=True` the planner first sets aside K = prefetch + 1 pinned
@@ -337,7 +336,7 @@ figures.step_times(stage_runs)
 # `scripts/gpu_check.py --stage staged` measures.
 
 # %% [markdown]
-# ## 9. Report
+# ## 10. Report
 
 # %%
 rep = offload_lab.report(res_runs + init_runs + [run_res] + gpu_runs, plan=p60,

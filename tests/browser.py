@@ -172,11 +172,12 @@ def _overlap(a: list[float], b: list[float], slack: float = 1.0) -> bool:
     return a[0] < b[2] - slack and b[0] < a[2] - slack and a[1] < b[3] - slack and b[1] < a[3] - slack
 
 
-def layout_problems(figures: list[dict], min_plot_px: float = 200.0, min_panel_px: float = 48.0) -> list[str]:
+def layout_problems(figures: list[dict], min_plot_px: float = 200.0, min_panel_px: float = 48.0,
+                    legend_over_plot: bool = False) -> list[str]:
     """What is wrong with the layout of each figure probed by :data:`FIGURE_LAYOUT`: a title
     over an axis title, a legend outside its figure or scrolling, a plot area under
-    ``min_plot_px`` wide or tall (a subplot of it under ``min_panel_px`` tall). An empty list
-    when every figure reads."""
+    ``min_plot_px`` wide or tall (a subplot of it under ``min_panel_px`` tall), and with
+    ``legend_over_plot`` a legend drawn over a plot area. An empty list when every figure reads."""
     out = []
     for f in figures:
         name = f["id"]
@@ -194,6 +195,9 @@ def layout_problems(figures: list[dict], min_plot_px: float = 200.0, min_panel_p
                 out.append(f"{name}: the legend {lg} lies outside the figure {fb}")
             if f["legend_scrolls"]:
                 out.append(f"{name}: the legend scrolls")
+            if legend_over_plot:
+                out += [f"{name}: the legend {lg} lies over the plot area {p}"
+                        for p in f["plots"] if _overlap(lg, p)]
         if f["plots"]:
             # the plot area: all subplots together; a panel of a few bars may be short, never a sliver
             ps = f["plots"]

@@ -11,7 +11,8 @@ its content must be that panel's), the notebook saved, then
 3. the kernel restarted and the page reloaded, with the widget state saved in the notebook →
    the dashboard is drawn from the saved state and its tabs still switch (the tab bar is
    frontend-only), but nothing behind the controls runs any more, so the dashboard must say
-   that the cell has to be run again — it does, in its title line;
+   that the cell has to be run again — a plain HTML output of its own above the widget does, so
+   it reads in case 4 too;
 4. the same without saved widget state (JupyterLab's default) → JupyterLab shows
    "Error displaying widget: model not found" in place of the dashboard: there are no tabs at
    all, which is the most likely reading of "the tabs stopped switching".
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_pipelines import LAYERS
 
 pytestmark = pytest.mark.browser
 
@@ -63,6 +65,11 @@ STATE_JS = """() => {
           plots: shown.map(([i, k]) => k.querySelectorAll('.main-svg').length)};
 }"""
 OUTPUT_TEXT_JS = "() => [...document.querySelectorAll('.jp-OutputArea')].map(o => o.innerText).join('\\n')"
+# the visible text of the cell's outputs that are no widget: the notice to run the cell again,
+# which must read even when JupyterLab has no model left to draw the dashboard from
+NOTICE_JS = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+  .filter(o => o.offsetParent !== null && !o.querySelector('.jupyter-widgets') && !o.closest('.jupyter-widgets'))
+  .map(o => o.innerText).join('\\n')"""
 
 
 def _panel_holds(i: int, state: dict) -> bool:
@@ -99,6 +106,10 @@ def lab(tmp_path_factory):
     settings = home / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
     settings.mkdir(parents=True)
     (settings / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
+    # no "get notified about Jupyter news?" toast over the dashboard in the screenshots
+    news = home / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     server = JupyterLab(root, home, free_port(), secrets.token_hex(16))
     try:
         server.start(pythonpath=str(REPO))
@@ -183,7 +194,7 @@ def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
         raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
                              f"server log: {lab.log_tail()}") from None
     _check_tabs_switch(page, "first run")
-    assert RERUN_NOTE in page.evaluate(OUTPUT_TEXT_JS)
+    assert RERUN_NOTE in page.evaluate(NOTICE_JS)
 
     # save (with the widget state), then reload the page: same kernel, widgets from the kernel
     page.keyboard.press("Control+s")
@@ -203,7 +214,7 @@ def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
     page.reload(wait_until="domcontentloaded")
     _wait_kernel_idle(lab, page)
     _check_tabs_switch(page, "after a kernel restart, saved widget state")
-    assert RERUN_NOTE in page.evaluate(OUTPUT_TEXT_JS)  # and it says the cell must run again
+    assert RERUN_NOTE in page.evaluate(NOTICE_JS)  # and an output of its own says to run the cell again
     page.close()
 
     # without saved widget state (JupyterLab's default), a restarted kernel leaves no dashboard
@@ -218,11 +229,20 @@ def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
                            "document.querySelector('.jp-OutputArea').innerText.includes('model not found')",
                            timeout=WAIT_MS)
     assert page.query_selector(TABS) is None
+    # where the dashboard cannot be drawn at all, the notice beside it still is
+    assert RERUN_NOTE in page.evaluate(NOTICE_JS)
     page.close()
 
 
-# -- the big dashboards: the issue-order control, "unconfirmed" in the status, nothing clipped -------
-BIG = ("wan2.1-t2v-14b", "minimax-h3")
+# -- the big dashboards and a pipeline's: the issue order, "unconfirmed", every tab laid out ---------
+# a catalog name, or "pipeline": the spec of the tests' tiny diffusers WanPipeline
+DASHBOARDS = ("wan2.1-t2v-14b", "minimax-h3", "pipeline")
+PIPELINE_CELL = ("import offload_lab\n"
+                 "from offload_lab import PlanExplorer\n"
+                 "from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_pipeline\n"
+                 f"pipe = tiny_wan_pipeline(layers={LAYERS})\n"
+                 "ex = PlanExplorer(offload_lab.spec_of(pipe), host='64GiB', tokens=64, live=True)\n"
+                 "ex")
 # every description label and tab title in the dashboard that its box cuts (text wider than it)
 CLIPPED_JS = """() => [...document.querySelectorAll(
     '.jp-OutputArea .widget-label, .jp-OutputArea .lm-TabBar-tabLabel, .jp-OutputArea .widget-tab .lm-TabBar-tab')]
@@ -242,18 +262,64 @@ CHOOSE_JS = """([label, text]) => { const w = [...document.querySelectorAll('.jp
   s.dispatchEvent(new Event('change', {bubbles: true})); }"""
 STATUS_HAS_JS = """(words) => [...document.querySelectorAll('.jp-OutputArea .widget-html')]
   .some(e => words.every(w => e.innerText.includes(w)))"""
+# the drawn plotly figures in the visible tab panel
+PANEL_FIGURES_JS = """() => { const t = document.querySelector('.jp-OutputArea .widget-tab');
+  const k = [...t.querySelector('.widget-tab-contents').children]
+    .find(k => !k.classList.contains('lm-mod-hidden') && k.offsetParent !== null);
+  return k ? k.querySelectorAll('.js-plotly-plot .main-svg').length : -1; }"""
+# the messages of widget views that failed to render ("Click to show javascript error")
+WIDGET_ERRORS_JS = """() => [...document.querySelectorAll('.jp-OutputArea .jupyter-widgets.widget-error, .jp-OutputArea .widget-error')]
+  .map(e => { e.click(); return e.innerText || e.textContent; })"""
+# the figures each tab must show once Simulate (live), "pinned vs pageable" and Recommend ran
+TAB_FIGURES = {"Timeline": 1, "Tier map": 1, "Plan": 0, "Comparison": 1, "Recommend": 1}
 
 
-@pytest.mark.parametrize("name", BIG)
-def test_big_dashboards_show_the_issue_order_and_cut_no_label(lab, context, name):
+def _press(page, label: str) -> None:
+    page.locator(".jp-OutputArea .widget-button", has_text=label).first.click(timeout=SWITCH_MS)
+
+
+def _tab_layouts(page, name: str, shots: Path) -> list[str]:
+    """Show every tab in turn: screenshot it under ``shots`` and say what is clipped or overlaps."""
+    from browser import FIGURE_LAYOUT, layout_problems
+
+    problems = []
+    for i, title in enumerate(TAB_NAMES):
+        page.locator(f"{TABS} .lm-TabBar-tab").nth(i).click(timeout=SWITCH_MS)
+        page.wait_for_function(f"() => {{ const s = ({STATE_JS})(); return s && s.current === {i} "
+                               f"&& s.visible.length === 1 && s.visible[0] === {i}; }}", timeout=SWITCH_MS)
+        want = TAB_FIGURES[title]
+        try:
+            page.wait_for_function(f"() => ({PANEL_FIGURES_JS})() >= {want}", timeout=WAIT_MS)
+        except Exception:
+            raise AssertionError(f"{name}: tab {title!r} drew {page.evaluate(PANEL_FIGURES_JS)} figure(s), "
+                                 f"expected {want}: {page.evaluate(WIDGET_ERRORS_JS)!r}; "
+                                 f"{page.evaluate(OUTPUT_TEXT_JS)!r}") from None
+        page.wait_for_timeout(300)  # plotly lays a legend out after the first paint
+        # the notebook scrolls inside its panel, not the page: shoot the tab widget itself
+        page.locator(TABS).first.screenshot(path=str(shots / f"{name}-{i}-{title.replace(' ', '-')}.png"))
+        problems += [f"{title}: label cut {c}" for c in page.evaluate(CLIPPED_JS)]
+        # figures of the hidden tabs have no box; those of this one must read
+        shown = [f for f in page.evaluate(FIGURE_LAYOUT) if f["box"] is not None]
+        problems += [f"{title}: {p}" for p in layout_problems(shown, legend_over_plot=True)]
+    return problems
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_dashboards_show_the_issue_order_and_every_tab_reads(lab, context, name, tmp_path):
     import nbformat
 
+    if name == "pipeline":
+        pytest.importorskip("diffusers")
+        cell = PIPELINE_CELL
+    else:
+        cell = f"from offload_lab import PlanExplorer\nex = PlanExplorer({name!r}, host='64GiB', live=True)\nex"
     path = f"{name}.ipynb"
-    cell = f"from offload_lab import PlanExplorer\nex = PlanExplorer({name!r}, host='64GiB', live=True)\nex"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, lab.root / path)
     page = context.new_page()
+    # tall enough that a tab's screenshot holds the whole panel (the notebook scrolls inside)
+    page.set_viewport_size({"width": 1400, "height": 2400})
     try:
         # a workspace of its own, reset: the page shows this notebook alone
         page.goto(f"{lab.url}/lab/workspaces/{name.replace('.', '-')}/tree/{path}?reset&token={lab.token}",
@@ -268,11 +334,19 @@ def test_big_dashboards_show_the_issue_order_and_cut_no_label(lab, context, name
             raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
                                  f"server log: {lab.log_tail()}") from None
         page.wait_for_function(STATUS_HAS_JS, arg=["simulated on"], timeout=CELL_MS)
+        assert RERUN_NOTE in page.evaluate(NOTICE_JS)
         assert page.evaluate(ISSUE_JS) == ["after-compute", "before-compute"]
         assert page.evaluate(CLIPPED_JS) == []
         narrow = [(label, w) for label, w in page.evaluate(SLIDERS_JS) if w < 120]
         assert narrow == [], f"sliders too narrow to drag: {narrow}"
+        # fill the comparison and the recommendation, then read every tab
+        _press(page, "pinned vs pageable")
+        _press(page, "Recommend")
+        problems = _tab_layouts(page, name, tmp_path)
+        assert problems == [], problems
+        assert len(list(tmp_path.glob(f"{name}-*.png"))) == len(TAB_NAMES)
         # a pageable plan in the after-compute order: no GPU run backs it, and the status says so
+        page.locator(f"{TABS} .lm-TabBar-tab").nth(0).click(timeout=SWITCH_MS)
         page.evaluate(CHOOSE_JS, ["forced tier", "pageable"])
         try:
             page.wait_for_function(STATUS_HAS_JS, arg=["pageable", "unconfirmed — no GPU run of this issue order yet",

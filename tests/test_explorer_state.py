@@ -263,3 +263,14 @@ def test_a_result_for_older_controls_says_so(st):
     assert "for the controls before the last change: press Simulate" in st.status_html()
     other = st.other_order_run()  # the other order of the run on display, not of the new controls
     assert int(other.meta.get("passes", 1)) == 1
+
+
+def test_a_pipeline_spec_is_explored_as_its_components_side_by_side(tiny_pipe):
+    spec = offload_lab.spec_of(tiny_pipe)
+    st = ExplorerState(spec, host="64GiB", tokens=64, live=False)
+    assert st.spec.group_names == spec.group_names
+    assert {"transformer.blocks", "vae.decoder.up_blocks"} <= set(st.plan.table()["group"])
+    run = st.simulate()
+    assert run.simulated and set(run.layers["group"]) == set(spec.group_names)
+    with pytest.raises(ExplorerError, match=r"spec_of\(pipe\)"):
+        ExplorerState(tiny_pipe)

@@ -406,3 +406,24 @@ def test_pinned_vs_pageable_from_the_shipped_runs_keeps_sources_apart_and_marks_
     assert by["simulated after-compute"].marker.pattern.shape == "x"
     with pytest.raises(VizError, match="no all-pinned or all-pageable"):
         story.story_frame([r for r in offload_lab.shipped_runs() if "half" in r.label])
+
+
+def test_pipeline_timeline_draws_only_the_lanes_that_recorded_something(tiny_pipe):
+    """A whole-pipeline run plans the VAE's encoder too, which text-to-video never calls: the
+    timeline has a lane per group that ran (the transformer, the VAE's decoder), none empty."""
+    from tiny_pipelines import STEPS
+
+    from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_call
+
+    pspec = offload_lab.spec_of(tiny_pipe).with_uses(steps=STEPS, passes=2)
+    pplan = offload_lab.plan_pipeline(pspec, pin_budget=pspec["transformer"].spec.layer_bytes)
+    with offload_lab.offload(tiny_pipe, pplan, backend="cpu") as m:
+        tiny_pipe(**tiny_wan_call(steps=STEPS))
+    run = m.build_run()
+    assert any(g.startswith("vae.encoder") for g in run.layers["group"])
+    fig = viz.timeline(run)
+    lanes = list(fig.layout.yaxis.categoryarray)
+    drawn = {y for t in fig.data if t.type == "bar" for y in t.y}
+    assert set(lanes) == drawn
+    assert not [n for n in lanes if "encoder" in n]
+    assert {"compute · transformer.blocks", "compute · vae.decoder.up_blocks"} <= set(lanes)

@@ -17,7 +17,12 @@ from offload_lab.planning.planner import PlanWarning
 from offload_lab.record.run import Run, display_label
 
 W = pytest.importorskip("ipywidgets")
-from offload_lab.notebook.explorer import HYPOTHETICAL_HOSTS_GIB, ExplorerError, PlanExplorer  # noqa: E402
+from offload_lab.notebook.explorer import (  # noqa: E402
+    HYPOTHETICAL_HOSTS_GIB,
+    RESTART_NOTICE,
+    ExplorerError,
+    PlanExplorer,
+)
 
 GIB = 2**30
 
@@ -271,6 +276,23 @@ def test_displays_as_a_widget(ex):
     bundle = ex._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"].startswith("<PlanExplorer 'wan2.1-t2v-14b'")
+
+
+def test_a_notice_to_rerun_the_cell_is_an_output_of_its_own(ex):
+    """After a kernel restart the widget's views are gone; a plain HTML output before them stays."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    InteractiveShell.instance()
+    with capture_output() as shown:
+        ex._ipython_display_()
+    first, second = shown.outputs
+    assert first.data["text/html"] == RESTART_NOTICE and "run this cell again" in RESTART_NOTICE
+    assert "application/vnd.jupyter.widget-view+json" not in first.data
+    assert "application/vnd.jupyter.widget-view+json" in second.data
+    assert second.data["text/plain"].startswith("<PlanExplorer 'wan2.1-t2v-14b'")
+    # the widget's own title no longer carries the note: it is said once, where it survives
+    assert "run this cell again" not in ex.title.value
 
 
 def test_figures_for_export_carry_html():

@@ -55,7 +55,7 @@ from offload_lab.planning.options import ISSUE_ORDERS, ORDERS, RESIDENCIES
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 
-__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
+__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "RESTART_NOTICE"]
 
 # wide enough for the longest description ("resident per group"): a narrower one is cut
 _STYLE = {"description_width": "140px"}
@@ -73,11 +73,14 @@ def _row(*children: Any) -> W.HBox:
     return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap", align_items="center"))
 
 
-# a saved notebook redraws the dashboard from its saved widget state after a kernel restart:
-# the tabs still switch but no control reaches Python any more
-_RESTART_NOTE = ("<br><small style='color:#667085'>The controls act through the running kernel: "
-                 "after a kernel restart, or in a copy of the notebook opened later, run this cell again."
-                 "</small>")
+#: a plain HTML output shown *above* the dashboard: after a kernel restart the widget's own HTML
+#: is gone (JupyterLab draws "model not found", or a saved copy whose controls reach nothing),
+#: while an ordinary output stays, so this is where the user reads what to do
+RESTART_NOTICE = ("<div style='border-left:4px solid #f79009;background:#fffaeb;color:#7a2e0e;"
+                  "padding:6px 10px;margin:2px 0;font-size:13px'><b>&#9888; Live dashboard:</b> "
+                  "its controls act through the kernel that ran this cell. After a kernel restart, "
+                  "or in a copy of the notebook opened later, they do nothing (or JupyterLab shows "
+                  "<i>model not found</i>): <b>run this cell again</b>.</div>")
 
 
 class PlanExplorer:
@@ -257,7 +260,7 @@ class PlanExplorer:
     def _build_widgets(self) -> None:
         st, c = self.state, self.state.controls
         wide = _box("380px")
-        self.title = W.HTML(st.title_html() + _RESTART_NOTE)
+        self.title = W.HTML(st.title_html())
         self.host_choice = W.Dropdown(options=st.host_options(), value=c.host, description="host",
                                       style=_STYLE, layout=wide)
         self.budget = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01,
@@ -500,6 +503,14 @@ class PlanExplorer:
             show(widget)
 
     # -- in a notebook ----------------------------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        """Show :data:`RESTART_NOTICE` as an output of its own, then the dashboard."""
+        from IPython.display import HTML
+        from IPython.display import display as show
+
+        show(HTML(RESTART_NOTICE))
+        show(self._repr_mimebundle_(), raw=True)
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
         bundle["text/plain"] = repr(self)

@@ -35,6 +35,7 @@ from offload_lab.analysis.summary import tier_summary
 from offload_lab.checks import check_int
 from offload_lab.errors import OffloadLabError
 from offload_lab.model import catalog
+from offload_lab.model.pipeline import PipelineSpec
 from offload_lab.model.spec import ModelSpec
 from offload_lab.notebook import display
 from offload_lab.notebook.models import spec_for_model
@@ -891,6 +892,9 @@ def step_words(run: Run) -> str:
 def _resolve_model(obj: Any) -> tuple[Any, ModelSpec]:
     if isinstance(obj, ModelSpec):
         return None, obj
+    if isinstance(obj, PipelineSpec):
+        # every component's groups side by side (prefixed), as one run of the pipeline records them
+        return None, obj.merged()
     if isinstance(obj, str):
         return None, catalog.load(obj)
     try:
@@ -900,7 +904,8 @@ def _resolve_model(obj: Any) -> tuple[Any, ModelSpec]:
     if nn is not None and isinstance(obj, nn.Module):
         return obj, spec_for_model(obj)
     raise ExplorerError(f"model_or_spec {obj!r:.60} is a {type(obj).__name__}; expected a "
-                        f"torch.nn.Module, a ModelSpec or a catalog name such as 'wan2.1-t2v-14b'")
+                        f"torch.nn.Module, a ModelSpec, a pipeline's spec (offload_lab.spec_of(pipe)) or a "
+                        f"catalog name such as 'wan2.1-t2v-14b'")
 
 
 def _resolve_host(host: Any) -> HostMemory | None:
