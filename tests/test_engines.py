@@ -4,6 +4,7 @@ export of a plan as an engine's settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ from offload_lab.cli.app import main
 from offload_lab.engines import EngineError
 from offload_lab.errors import OffloadLabError
 from offload_lab.planning.errors import PlanWarning
+from offload_lab.simulation.errors import SimError
 
 pytest.importorskip("diffusers")
 from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_pipeline  # noqa: E402
@@ -158,10 +160,6 @@ def test_diffusers_per_group_sync_exposes_host_time_between_groups():
     """diffusers' offload_() waits for the compute stream (use_stream without record_stream, and
     without streams): the plan names each group's last layer, and the simulator's host then has
     no lead, so host work per layer lands between blocks instead of hiding behind them."""
-    import dataclasses
-
-    from offload_lab.simulation.errors import SimError
-
     spec = catalog.load("wan2.1-t2v-1.3b")
     p = engines.as_plan(spec, "diffusers-group", use_stream=True, host=HOST)
     assert p.params["sync_after"] == {"blocks": list(range(30))}
