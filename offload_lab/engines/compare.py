@@ -190,5 +190,7 @@ def figure(frame: pd.DataFrame) -> go.Figure:
             hovertemplate="%{y}<br>%{x:.3f} s/step<br>pinned %{customdata[0]}<br>device peak %{customdata[1]}"
                           "<br>evidence %{customdata[2]}<extra></extra>")
     fig.update_layout(title="engines' offload settings, simulated", xaxis_title="s per step (simulated)",
-                      yaxis={"autorange": "reversed"}, barmode="overlay", height=120 + 28 * len(df))
+                      # every setting labelled (plotly skips category ticks when rows are few and tall labels crowd)
+                      yaxis={"autorange": "reversed", "tickmode": "linear", "dtick": 1}, barmode="overlay",
+                      height=160 + 28 * len(df))
     return fig
