@@ -263,3 +263,21 @@ def test_a_result_for_older_controls_says_so(st):
     assert "for the controls before the last change: press Simulate" in st.status_html()
     other = st.other_order_run()  # the other order of the run on display, not of the new controls
     assert int(other.meta.get("passes", 1)) == 1
+
+
+def test_engines_frame_is_made_when_asked_for_the_controls():
+    """compare_engines(): engines.compare() on the selected profile, host, device memory and
+    calls; kept per controls (pressed again with nothing changed, no new simulation)."""
+    st = ExplorerState("wan2.1-t2v-1.3b", host="64GiB", live=False)
+    assert st.engines_frame is None and st.engines_stale()
+    frame = st.compare_engines()
+    want = offload_lab.engines.compare(st.spec, "h200", host=HostMemory(available="64GiB"),
+                                       device_memory=st.device_memory_bytes())
+    assert frame[["engine", "settings", "fits"]].equals(want[["engine", "settings", "fits"]])
+    assert frame["step_s"].tolist() == pytest.approx(want["step_s"].tolist())
+    assert isinstance(st.figures["engines"], go.Figure) and not st.engines_stale()
+    assert st.compare_engines() is frame
+    st.set(passes=2)
+    assert st.engines_stale() and "controls changed" in st.engines_view_html()
+    two = st.compare_engines()
+    assert (two["step_s"] > frame["step_s"]).all()  # two forwards a step

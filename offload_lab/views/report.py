@@ -54,7 +54,6 @@ from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
 from offload_lab.views import rank_figures
 from offload_lab.views import report_data as rd
-from offload_lab.views.figure_kit import esc
 from offload_lab.views.report_recommend import front_figure, recommendation_data
 from offload_lab.views.tables import noise_note
 from offload_lab.views.text import fmt_seconds
@@ -149,7 +148,7 @@ class Report:
         if recommendation is not None and recommendation.best is not None:
             self.figures["recommend-front"] = front_figure(recommendation)
         if engines is not None:
-            self.figures["engines"] = engines_figure(_escaped_engines(engines))
+            self.figures["engines"] = engines_figure(engines)  # it escapes its strings
         peak_runs = [r for r in runs if r.meta.get("startup_peak_bytes") is not None and r.meta.get("init_strategy")]
         if plan is not None:
             # a plan's prediction is only comparable with runs of the same model
@@ -301,14 +300,6 @@ def _other_orders(runs: list[Run]) -> list[Run | None]:
                 and tokens_of_meta(x.meta) == tokens_of_meta(r.meta) and rd.same_plan(x, r))
 
     return [None if not r.simulated or any(twin(r, x) for x in runs) else other_order(r) for r in runs]
-
-
-def _escaped_engines(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame with its strings escaped for the figure (plotly reads tick text as markup)."""
-    out = frame.copy()
-    for c in ("engine", "settings", "evidence"):
-        out[c] = [esc(v) for v in out[c]]
-    return out
 
 
 def _engines_frame(engines: Any, plan: Any, device: Any, runs: list[Run]) -> tuple[pd.DataFrame | None, str]:
