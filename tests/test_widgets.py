@@ -454,7 +454,7 @@ def test_layout_gives_labels_and_tabs_room():
         if w.layout.width:
             assert w.layout.min_width == w.layout.width  # a row never squeezes a control
     titles = [ex.tabs.get_title(i) for i in range(len(ex.tabs.children))]
-    assert titles == ["Timeline", "Tier map", "Plan", "Comparison", "Recommend"]
+    assert titles == ["Timeline", "Tier map", "Plan", "Comparison", "Recommend", "Engines"]
     assert max(map(len, titles)) <= 12
 
 
