@@ -4,7 +4,9 @@
 with the shipped ``h200`` profile, beside the observed diffusers run and offload-lab's own
 all-pinned run of the same model and inputs (``data/runs/h200-*/diffusers-*.zip``). The
 profile's calibration (``scripts/calibrate_h200.py``) leaves the ``diffusers-*`` runs out, so
-the diffusers prediction is held out.
+the diffusers prediction is held out. The plan carries diffusers' per-group host sync
+(``params["sync_after"]``, from its code); the observer's own host time, which the run records
+(``meta["observer_overhead_s"]``), is added as per-layer host work, with and without that sync.
 
     PYTHONPATH=. python benchmarks/engines.py [--runs data/runs/h200-2026-12-01]
 """
