@@ -4,6 +4,7 @@ export of a plan as an engine's settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ from offload_lab.cli.app import main
 from offload_lab.engines import EngineError
 from offload_lab.errors import OffloadLabError
 from offload_lab.planning.errors import PlanWarning
+from offload_lab.simulation.errors import SimError
 
 pytest.importorskip("diffusers")
 from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_pipeline  # noqa: E402
@@ -152,6 +154,31 @@ def test_engine_plan_round_trips_and_simulates_in_its_issue_order():
     assert back.params["engine"]["name"] == "diffusers-group" and engines.pinned_bytes(back) == engines.pinned_bytes(p)
     run = offload_lab.simulate(back, "h200", steps=2)
     assert run.meta["issue"] == "before-compute" and run.meta["evidence"]["status"] == "held-out"
+
+
+def test_diffusers_per_group_sync_exposes_host_time_between_groups():
+    """diffusers' offload_() waits for the compute stream (use_stream without record_stream, and
+    without streams): the plan names each group's last layer, and the simulator's host then has
+    no lead, so host work per layer lands between blocks instead of hiding behind them."""
+    spec = catalog.load("wan2.1-t2v-1.3b")
+    p = engines.as_plan(spec, "diffusers-group", use_stream=True, host=HOST)
+    assert p.params["sync_after"] == {"blocks": list(range(30))}
+    two = engines.as_plan(spec, "diffusers-group", num_blocks_per_group=2, host=HOST)
+    assert two.params["sync_after"] == {"blocks": list(range(1, 30, 2))}
+    assert any("copied back to the host" in e["what"] for e in two.params["engine"]["extra_copies"])
+    assert "sync_after" not in engines.as_plan(spec, "diffusers-group", use_stream=True, record_stream=True,
+                                               host=HOST).params
+    # no idle speed-up, so the difference is the host time alone
+    slow_host = dataclasses.replace(offload_lab.DeviceProfile.load("h200"), hook_s=0.002, idle_speedup=0.0)
+    nosync = offload_lab.Plan.from_json(p.to_json())
+    del nosync.params["sync_after"]
+    synced = offload_lab.simulate(p, slow_host, steps=2, warmup=1).steps["wall_s"].mean()
+    free = offload_lab.simulate(nosync, slow_host, steps=2, warmup=1).steps["wall_s"].mean()
+    # 30 hooks of 2 ms: hidden behind ~20 ms blocks without the sync, exposed with it
+    assert synced - free == pytest.approx(30 * 0.002, rel=0.15)
+    nosync.params["sync_after"] = {"blocks": [99]}
+    with pytest.raises(SimError, match="99"):
+        offload_lab.simulate(nosync, "h200", steps=1)
 
 
 @pytest.mark.parametrize("call, words", [

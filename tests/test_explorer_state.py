@@ -274,3 +274,21 @@ def test_a_pipeline_spec_is_explored_as_its_components_side_by_side(tiny_pipe):
     assert run.simulated and set(run.layers["group"]) == set(spec.group_names)
     with pytest.raises(ExplorerError, match=r"spec_of\(pipe\)"):
         ExplorerState(tiny_pipe)
+
+
+def test_engines_frame_is_made_when_asked_for_the_controls():
+    """compare_engines(): engines.compare() on the selected profile, host, device memory and
+    calls; kept per controls (pressed again with nothing changed, no new simulation)."""
+    st = ExplorerState("wan2.1-t2v-1.3b", host="64GiB", live=False)
+    assert st.engines_frame is None and st.engines_stale()
+    frame = st.compare_engines()
+    want = offload_lab.engines.compare(st.spec, "h200", host=HostMemory(available="64GiB"),
+                                       device_memory=st.device_memory_bytes())
+    assert frame[["engine", "settings", "fits"]].equals(want[["engine", "settings", "fits"]])
+    assert frame["step_s"].tolist() == pytest.approx(want["step_s"].tolist())
+    assert isinstance(st.figures["engines"], go.Figure) and not st.engines_stale()
+    assert st.compare_engines() is frame
+    st.set(passes=2)
+    assert st.engines_stale() and "controls changed" in st.engines_view_html()
+    two = st.compare_engines()
+    assert (two["step_s"] > frame["step_s"]).all()  # two forwards a step

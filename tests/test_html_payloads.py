@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 import offload_lab
-from offload_lab import catalog
+from offload_lab import catalog, engines
 from offload_lab.planning.planner import Plan
 from offload_lab.views import figures as viz
 from offload_lab.views.report import report
@@ -37,6 +37,12 @@ def _text_has(p: str) -> str:
 
 def _svg_has(p: str) -> str:
     return f"[...document.querySelectorAll('.main-svg text')].some(t => t.textContent.includes({json.dumps(p)}))"
+
+
+def _engines_has(p: str) -> str:
+    # shown literally in the Engines table and in its figure's tick labels
+    return (f"document.querySelector('#engines-table').innerText.includes({json.dumps(p)}) && "
+            f"[...document.querySelectorAll('#fig-engines .ytick text')].some(t => t.textContent.includes({json.dumps(p)}))")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,10 @@ def pages(tmp_path_factory, hostile_plan, hostile_runs, label_runs):
     if why:
         pytest.fail(f"browser test cannot run: {why}")
     d = tmp_path_factory.mktemp("payloads")
-    rep = report(hostile_runs, plan=hostile_plan, title=PAYLOADS[2])
+    # the Engines section: a compare() frame whose settings are the payloads
+    frame = engines.compare(hostile_plan.spec, "h200", host=HOST, engines="sglang-layerwise")
+    frame["settings"] = PAYLOADS
+    rep = report(hostile_runs, plan=hostile_plan, title=PAYLOADS[2], engines=frame)
     rep_path = rep.save(d / "report.html")
     notebook = d / "notebook.html"
     cells = [hostile_plan._repr_html_()] + [r._repr_html_() for r in hostile_runs] + [rep._repr_html_()]
@@ -95,7 +104,8 @@ def pages(tmp_path_factory, hostile_plan, hostile_runs, label_runs):
     title = "document.querySelector('#f7 .gtitle').textContent"
     return rep, open_pages([
         Visit(rep_path, probes={f"text{i}": _text_has(p) for i, p in enumerate(PAYLOADS)}
-              | {f"svg{i}": _svg_has(p) for i, p in enumerate(PAYLOADS)}, frame_probes=common),
+              | {f"svg{i}": _svg_has(p) for i, p in enumerate(PAYLOADS)}
+              | {f"engines{i}": _engines_has(p) for i, p in enumerate(PAYLOADS)}, frame_probes=common),
         Visit(notebook, probes={"plan_name": _text_has(PAYLOADS[0])}
               | {f"text{i}": _text_has(p) for i, p in enumerate(PAYLOADS)}, frame_probes=common),
         Visit(fig_page, probes={f"svg{i}": _svg_has(p) for i, p in enumerate(PAYLOADS)}
@@ -119,6 +129,7 @@ def test_payloads_are_shown_as_text(pages):
     for i in range(len(PAYLOADS)):
         # in the report's tables and headings, and in its figures' SVG text
         assert report_page.probes[f"text{i}"] and report_page.probes[f"svg{i}"], i
+        assert report_page.probes[f"engines{i}"], i
         assert figures.probes[f"svg{i}"], i
     # Plan._repr_html_ shows the spec name; the runs' tables show their labels
     assert notebook.probes["plan_name"]

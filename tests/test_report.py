@@ -8,10 +8,11 @@ import warnings
 from pathlib import Path
 
 import markupsafe
+import pandas as pd
 import pytest
 
 import offload_lab
-from offload_lab import catalog
+from offload_lab import catalog, engines
 from offload_lab.record.run import Run
 from offload_lab.views.report import Report, ReportError, report
 
@@ -234,3 +235,51 @@ def test_warnings_from_run_meta(simulated, tmp_path):
     assert any("does not fit host memory" in w for w in rep.warnings)
     assert any(w.endswith("copy stream <b>stalled</b>") for w in rep.warnings)
     assert "copy stream &lt;b&gt;stalled&lt;/b&gt;" in Html(rep.to_html())
+
+
+def test_engines_section_when_asked(tmp_path):
+    """A plan and a device: the Engines table (one row per engine setting) and its figure;
+    without a device, no section and nothing simulated for it."""
+    spec = catalog.load("wan2.1-t2v-1.3b")
+    p = offload_lab.plan(spec, host=offload_lab.HostMemory(available="64GiB"), device_memory="24GiB")
+    rep = report([], plan=p, device="h200")
+    text = read(rep.save(tmp_path / "engines.html"))
+    assert '<section id="engines">' in text and 'href="#engines"' in text and "fig-engines" in text
+    assert len(rep.engines) == len(engines.grid()) and "engines" in rep.figures
+    table = text[text.index('id="engines-table"'):text.index("</table>", text.index('id="engines-table"'))]
+    assert table.count("<tr") == len(engines.grid()) + 1  # the header, then one row each
+    for cell in ("diffusers-group", "use_stream=True", "sglang-layerwise", "recommended", "held-out",
+                 "pinned (locked)"):
+        assert html.escape(cell) in table, cell
+    # what diffusers' pins really lock (each tensor rounded up to a power of two), not the bytes
+    locked = engines.pinned_bytes(engines.as_plan(spec, "diffusers-group", use_stream=True, host="64GiB"))
+    assert int(rep.engines.loc[0, "pinned_bytes"]) == locked > p.spec.total_bytes
+    assert f"<td>{offload_lab.units.format_bytes(locked)}</td>" in table
+    # the same, from a simulated run's device; off when asked off; nothing when not asked
+    run = offload_lab.simulate(p, "h200", steps=1)
+    assert report([run], plan=p, engines=True).engines["settings"].tolist() == rep.engines["settings"].tolist()
+    assert report([run], plan=p, device="h200", engines=False).engines is None
+    plain = report([run], plan=p)
+    assert plain.engines is None and "engines" not in plain.figures and 'id="engines"' not in plain.to_html()
+    # a frame is shown as given, its strings escaped in the table and the figure
+    frame = rep.engines.head(2).copy()
+    frame.loc[0, "settings"] = XSS
+    given = report([run], plan=p, engines=frame)
+    page = given.to_html()
+    assert XSS not in page and html.escape(XSS) in page
+    assert XSS not in given.figures["engines"].data[0].y[0]
+
+
+def test_engines_bad_arguments():
+    spec = catalog.load("wan2.1-t2v-1.3b")
+    p = offload_lab.plan(spec, host=offload_lab.HostMemory(available="64GiB"))
+    with pytest.raises(ReportError, match="engines=True needs a device"):
+        report([], plan=p, engines=True)
+    with pytest.raises(ReportError, match="pass plan= too"):
+        report([offload_lab.simulate(p, "h200", steps=1)], device="h200")
+    with pytest.raises(ReportError, match="'a100'"):
+        report([], plan=p, device="a100")
+    with pytest.raises(ReportError, match="engines 'yes' is not True"):
+        report([], plan=p, engines="yes")
+    with pytest.raises(ReportError, match="lacks columns"):
+        report([], plan=p, engines=pd.DataFrame({"engine": ["x"]}))

@@ -476,7 +476,7 @@ def test_layout_gives_labels_and_tabs_room():
         if w.layout.width:
             assert w.layout.min_width == w.layout.width  # a row never squeezes a control
     titles = [ex.tabs.get_title(i) for i in range(len(ex.tabs.children))]
-    assert titles == ["Timeline", "Tier map", "Plan", "Comparison", "Recommend"]
+    assert titles == ["Timeline", "Tier map", "Plan", "Comparison", "Recommend", "Engines"]
     assert max(map(len, titles)) <= 12
 
 
@@ -488,3 +488,30 @@ def test_only_changed_figures_are_sent_again(monkeypatch, wan14):
     tier_map, timeline = ex.tier_map_out.outputs, ex.timeline_out.outputs
     ex.issue.value = "before-compute"
     assert ex.tier_map_out.outputs is tier_map and ex.timeline_out.outputs is not timeline
+
+
+# -- the Engines tab: other engines' settings, simulated when asked ----------------------------------
+def test_engines_tab_compares_on_demand_and_escapes(monkeypatch, wan14):
+    """The tab exists; nothing is simulated for it until Compare engines is pressed (a control
+    change leaves it alone, and says it is stale); then its table and figure are shown."""
+    monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
+    spec = copy.deepcopy(catalog.load("wan2.1-t2v-1.3b"))
+    spec.name = "<img src=x onerror=alert(1)>"
+    ex = PlanExplorer(spec, host="64GiB", live=False)
+    titles = [ex.tabs.get_title(i) for i in range(len(ex.tabs.children))]
+    assert titles[-1] == "Engines" and ex.engines_button in ex.tabs.children[-1].children
+    assert ex.state.engines_frame is None and "engines" not in ex.figures
+    assert "Press Compare engines" in ex.engines_html.value and ex.engines_out.outputs == ()
+    ex.prefetch.value = 2
+    assert ex.state.engines_frame is None  # a control change simulates no engine
+    ex.engines_button.click()
+    frame = ex.state.engines_frame
+    assert len(frame) == len(offload_lab.engines.grid()) and "engines" in ex.figures
+    table = ex.engines_html.value
+    assert "diffusers-group" in table and "sglang-layerwise" in table and "pinned (locked)" in table
+    assert "&lt;img src=x onerror=alert(1)&gt;" in table and spec.name not in table
+    assert len(ex.engines_out.outputs) == 1
+    assert "application/vnd.plotly.v1+json" in ex.engines_out.outputs[0]["data"]
+    assert ex.message.startswith("engines compared (simulated)")
+    ex.passes.value = 2
+    assert ex.state.engines_frame is frame and "controls changed" in ex.engines_html.value

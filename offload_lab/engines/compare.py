@@ -11,6 +11,7 @@ pins really lock (torch's caching host allocator rounds each block up to a power
 
 from __future__ import annotations
 
+import html
 import math
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -167,9 +168,14 @@ def text(frame: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"pinned_bytes": "pinned", "device_peak_bytes": "device peak"})
 
 
+def _esc(s: Any) -> str:
+    return html.escape(str(s), quote=False)
+
+
 def figure(frame: pd.DataFrame) -> go.Figure:
     """Step time per engine setting (bars, fastest first), coloured by whether it fits; hover
-    shows pinned bytes, device peak and evidence. A pure function of :func:`compare`'s frame."""
+    shows pinned bytes, device peak and evidence. A pure function of :func:`compare`'s frame; its
+    strings are escaped before plotly sees them (plotly reads tick and hover text as markup)."""
     import plotly.graph_objects as go  # heavy: plotly
 
     missing = [c for c in ("engine", "settings", "step_s", "fits", "pinned_bytes", "device_peak_bytes", "evidence")
@@ -183,12 +189,16 @@ def figure(frame: pd.DataFrame) -> go.Figure:
         if part.empty:
             continue
         fig.add_bar(
-            x=part["step_s"], y=[f"{e}: {s}" for e, s in zip(part["engine"], part["settings"])], orientation="h",
+            x=part["step_s"], y=[_esc(f"{e}: {s}") for e, s in zip(part["engine"], part["settings"])],
+            orientation="h",
             name=name, marker_color=colour,
             customdata=list(zip([format_bytes(int(v)) for v in part["pinned_bytes"]],
-                                [format_bytes(int(v)) for v in part["device_peak_bytes"]], part["evidence"])),
+                                [format_bytes(int(v)) for v in part["device_peak_bytes"]],
+                                [_esc(v) for v in part["evidence"]])),
             hovertemplate="%{y}<br>%{x:.3f} s/step<br>pinned %{customdata[0]}<br>device peak %{customdata[1]}"
                           "<br>evidence %{customdata[2]}<extra></extra>")
     fig.update_layout(title="engines' offload settings, simulated", xaxis_title="s per step (simulated)",
-                      yaxis={"autorange": "reversed"}, barmode="overlay", height=120 + 28 * len(df))
+                      # every setting labelled (plotly skips category ticks when rows are few and tall labels crowd)
+                      yaxis={"autorange": "reversed", "tickmode": "linear", "dtick": 1}, barmode="overlay",
+                      height=160 + 28 * len(df))
     return fig

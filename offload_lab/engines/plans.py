@@ -187,10 +187,21 @@ def _diffusers_group(spec: ModelSpec, s: dict[str, Any], host: HostMemory, kw: d
                      "the prediction but not in diffusers")
     else:
         prefetch, when = n - 1, "onloaded synchronously in its first module's pre_forward"
+    # when diffusers' offload_() makes the host wait for the compute stream (read from
+    # ModuleGroup._offload_to_memory / _offload_to_disk): with streams unless record_stream
+    # (current_stream().synchronize()), and without streams from memory (a blocking
+    # group_module.to(offload_device)); without streams to disk it only swaps in empty tensors
+    syncs = (stream and not s["record_stream"]) or (not stream and not disk)
     if stream and not s["record_stream"]:
-        notes.append("record_stream=False: diffusers synchronises the compute stream when each group is offloaded, "
-                     "so the host cannot queue the next block before the device finishes this one; the simulator "
-                     "has no term for that per-group sync, so expect the predicted step to be low")
+        notes.append("record_stream=False: diffusers synchronises the compute stream when each group is offloaded "
+                     "(current_stream().synchronize() in its post_forward), so the host cannot queue the next block "
+                     "before the device finishes this one: plan.params['sync_after'] holds each group's last "
+                     "layer, where the simulator makes the host wait, and every host cost between blocks is exposed")
+    elif syncs:
+        notes.append("use_stream=False: each group is offloaded with a blocking group_module.to(offload_device), a "
+                     "device-to-host copy of its weights that waits for the compute stream: plan.params['sync_after'] "
+                     "holds each group's last layer, and the copy back is counted apart (extra_copies, priced at "
+                     "the pageable rate)")
     if not block:
         notes.append("leaf_level is planned at block granularity: the copy of each block's leaves overlaps that "
                      "block (use_stream) or blocks the host leaf by leaf; the device peak is overstated by about a block")
@@ -236,6 +247,13 @@ def _diffusers_group(spec: ModelSpec, s: dict[str, Any], host: HostMemory, kw: d
         locked = 0
     extra = [{"what": "unmatched group (non-layer weights)", "bytes": int(spec.non_layer_bytes),
               "tier": "mapped" if disk else "pageable", "per": "call"}]
+    if not stream and not disk:
+        extra.append({"what": "every group copied back to the host at its offload (group_module.to(offload_device))",
+                      "bytes": sum(o["bytes"] for o in onl), "tier": "pageable", "per": "call"})
+    if syncs:
+        # the offload leader is a group's last module: the host waits there
+        p.params["sync_after"] = {g: sorted(part[-1] for _, gg, part in groups if gg == g)
+                                  for g in dict.fromkeys(g for _, g, _ in groups)}
     return p, {"settings": s, "notes": notes, "locked": locked, "onloads": onl, "extra": extra}
 
 

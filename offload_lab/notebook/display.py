@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from offload_lab.planning.planner import pinned_footprint
 from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
+from offload_lab.views.report_data import engine_rows
 
 if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
@@ -190,3 +191,23 @@ def comparison_html(runs: Sequence[Run]) -> str:
     if not runs:
         return "<i>No runs kept.</i>"
     return viz.comparison_frame(list(runs)).to_html(index=False, border=0, escape=True)
+
+
+def engines_html(frame: Any, context: str) -> str:
+    """The Engines tab's table: one row of :func:`offload_lab.engines.compare`'s frame each
+    (engine, settings, simulated step and its evidence, pinned bytes really locked, device peak,
+    fits), every string escaped."""
+    head = ("engine", "settings", "tiers", "step (simulated)", "evidence", "pinned (locked)",
+            "device peak (estimate)", "fits")
+    cells = "".join(f"<th style='text-align:left;padding:2px 8px'>{h}</th>" for h in head)
+    body = []
+    for r in engine_rows(frame):
+        step = html.escape(r["step"]) + (f"<br><small>{html.escape(r['extra'])}</small>" if r["extra"] else "")
+        vals = [html.escape(r["engine"]), html.escape(r["settings"]), html.escape(r["tiers"]), step,
+                f"<span title='{html.escape(r['evidence_title'], quote=True)}'>{html.escape(r['evidence'])}</span>",
+                html.escape(r["pinned"]), html.escape(r["peak"]), html.escape(r["fits"])]
+        colour = " style='color:#b42318'" if r["cls"] else ""
+        body.append(f"<tr{colour}>" + "".join(f"<td style='padding:2px 8px'>{v}</td>" for v in vals) + "</tr>")
+    return (f"<p>{html.escape(context)} — step times SIMULATED, including the copies an engine makes "
+            f"outside the layers; pinned is what the engine's pins really lock.</p>"
+            f"<table class='offload-engines'><thead><tr>{cells}</tr></thead><tbody>{''.join(body)}</tbody></table>")

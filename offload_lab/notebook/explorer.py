@@ -60,7 +60,7 @@ __all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTH
 # wide enough for the longest description ("resident per group"): a narrower one is cut
 _STYLE = {"description_width": "140px"}
 #: the tabs' titles: short, since JupyterLab gives a tab about 140 px and cuts a longer title
-TAB_TITLES = ("Timeline", "Tier map", "Plan", "Comparison", "Recommend")
+TAB_TITLES = ("Timeline", "Tier map", "Plan", "Comparison", "Recommend", "Engines")
 
 
 def _box(width: str) -> W.Layout:
@@ -338,6 +338,13 @@ class PlanExplorer:
         self.reasons_html = W.HTML()
         self.comparison_html = W.HTML()
         self.recommend_html = W.HTML()
+        # the Engines tab: simulated on demand (about 13 engine settings), never on a control change
+        self.engines_button = W.Button(description="Compare engines", button_style="info", layout=_box("160px"),
+                                       tooltip="simulate diffusers', SGLang's and offload-lab's offload settings "
+                                               "for this model on the profile, host and device memory")
+        self.engines_html = W.HTML()
+        self.engines_out = W.Output()
+        self.engines_button.on_click(lambda _b: self._button(st.compare_engines))
         self.timeline_out = W.Output()
         self.tier_map_out = W.Output()
         self.ledger_out = W.Output()
@@ -356,6 +363,7 @@ class PlanExplorer:
             W.VBox([self.ledger_html, self.ledger_out, self.reasons_html]),
             W.VBox([self.comparison_html, self.comparison_out]),
             W.VBox([self.recommend_html, self.recommend_out]),
+            W.VBox([self.engines_button, self.engines_html, self.engines_out]),
         ])
         for i, name in enumerate(TAB_TITLES):
             tabs.set_title(i, name)
@@ -445,6 +453,7 @@ class PlanExplorer:
         self.reasons_html.value = st.reasons_html()
         self.comparison_html.value = st.comparison_html
         self.recommend_html.value = st.recommend_html
+        self.engines_html.value = st.engines_view_html()
         self.add_button.disabled = st.last_run is None
         possible, tip = st.tiers_tooltip()
         self.tiers_button.disabled, self.tiers_button.tooltip = not possible, tip
@@ -465,6 +474,8 @@ class PlanExplorer:
                 self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
             elif tab == 4:
                 self._draw_front(figs.get("recommend_front"))
+            elif tab == 5:
+                self._draw(self.engines_out, figs.get("engines"))
 
     def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
         """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it."""

@@ -31,8 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from offload_lab.analysis.summary import tier_summary
 from offload_lab.checks import check_int
+from offload_lab.engines.compare import compare as compare_engines
+from offload_lab.engines.compare import figure as engines_figure
 from offload_lab.errors import OffloadLabError
 from offload_lab.model import catalog
 from offload_lab.model.pipeline import PipelineSpec
@@ -80,6 +84,8 @@ TIERS_TIP = ("simulate this plan with every streamed layer pinned (as far as the
              "afford), then pageable, and add both to the comparison")
 _NO_RUNS_YET = ("<i>No runs kept yet: Simulate or Run, then Add to comparison (or press pinned vs "
                 "pageable).</i>")
+_NO_ENGINES_YET = ("<i>Press Compare engines: diffusers', SGLang's and offload-lab's offload settings "
+                   "for this model on the selected profile, host and device memory (simulated).</i>")
 _NO_RECOMMENDATION = ("<i>Press Recommend: the fastest plans that fit this host and device "
                       "(simulated).</i>")
 
@@ -236,6 +242,11 @@ class ExplorerState:
         self.front_options: list[tuple[str, int]] = []
         self.front_choice: int | None = None
         self.comparison_html = _NO_RUNS_YET
+        #: the Engines view: engines.compare()'s frame, its table, the controls it was made for
+        self.engines_frame: pd.DataFrame | None = None
+        self.engines_html = _NO_ENGINES_YET
+        self._engines: dict[Any, pd.DataFrame] = {}
+        self._engines_key: Any = None
         #: called with (done, total) while :meth:`run` profiles (a view's progress bar)
         self.on_progress: Callable[[int, int], None] | None = None
         #: True while :meth:`run` measures (the status then says "running…", not an old result)
@@ -782,6 +793,51 @@ class ExplorerState:
                         prefetch=int(row["prefetch"]), tier=str(row["tier"]) or AUTO,
                         # the top of the budget range: everything the host can spend
                         budget=self.budget_max if budget >= self.host.spendable else budget / self.unit)
+
+    # -- engines ------------------------------------------------------------------------------------
+    def engines_key(self) -> tuple[Any, ...]:
+        """What :meth:`compare_engines` depends on: profile, host, device memory, tokens, calls."""
+        c = self.controls
+        return (c.profile, c.host, self.device_memory_bytes(), self.tokens, int(c.passes))
+
+    def engines_stale(self) -> bool:
+        """True when the Engines view shows a comparison made for other controls (or none yet)."""
+        return self.engines_frame is None or self._engines_key != self.engines_key()
+
+    def engines_view_html(self) -> str:
+        """The Engines tab's text: the table, with a note when the controls moved since it was made."""
+        if self.engines_frame is not None and self.engines_stale():
+            return ("<p style='color:#b54708'>The controls changed since this comparison: press Compare "
+                    "engines to make it for them.</p>" + self.engines_html)
+        return self.engines_html
+
+    def compare_engines(self) -> pd.DataFrame:
+        """Other engines' offload settings for this model on the selected profile, host and device
+        memory, simulated side by side (:func:`offload_lab.engines.compare`: about 13 settings, so
+        it runs when asked, never on a control change); sets :attr:`engines_frame`,
+        :attr:`engines_html` and ``figures["engines"]``.
+
+        >>> st = ExplorerState("wan2.1-t2v-1.3b", host="64GiB", live=False)
+        >>> df = st.compare_engines()
+        >>> df.loc[0, "engine"], bool(df.loc[0, "fits"]), "engines" in st.figures
+        ('diffusers-group', True, True)
+        """
+        key = self.engines_key()
+        frame = self._cached(self._engines, key, lambda: compare_engines(
+            self.spec, self.profile(), host=self.host, device_memory=self.device_memory_bytes(),
+            tokens=self.tokens, calls=int(self.controls.passes)))
+        self.engines_frame, self._engines_key = frame, key
+        self.figures["engines"] = engines_figure(frame)
+        prof = self.profile()
+        name = prof if isinstance(prof, str) else prof.name
+        self.engines_html = display.engines_html(
+            frame, f"{self.spec.name} on {name}, host available {format_bytes(self.host.available)}, "
+                   f"device memory {format_bytes(self.device_memory_bytes())}, {int(self.controls.passes)} call(s) per step")
+        best = frame.loc[frame["fits"].astype(bool)].sort_values("step_s").head(1)
+        self.message = ("engines compared (simulated): " + (
+            f"fastest that fits {best['engine'].iloc[0]} ({best['settings'].iloc[0]}), "
+            f"{fmt_seconds(float(best['step_s'].iloc[0]))} per step" if len(best) else "none fits"))
+        return frame
 
     # -- what a view shows ----------------------------------------------------------------------------
     def status_lines(self) -> list[tuple[str, str | None, bool]]:

@@ -35,6 +35,14 @@ never copied in a step; groups run in declared order, each with its own prefetch
 ``p`` copies of each group are issued when the manager is armed; the cuda backend synchronises
 the device when a step begins and ends (so a wrap-around copy finishes between steps).
 
+``plan.params["sync_after"]`` (absent by default: no sync) names layers after whose forward the
+host thread synchronises the compute stream — it waits until every kernel launched so far has
+finished before it runs the next hook — as diffusers' group offloading does when it offloads a
+group with ``use_stream=True, record_stream=False`` (``current_stream().synchronize()``) or
+without streams (a blocking ``.to(offload_device)``): ``{layer group: [layer indices]}``
+(:func:`offload_lab.engines.as_plan` sets it). The host can then never queue the next layer
+ahead, so every host cost between those layers is exposed on the device.
+
 ``compute_mode="sync"`` models the cpu backend instead: the host thread runs each block itself
 and its pageable/mapped copies, while one copy-engine thread per group runs pinned copies; work
 that overlaps shares the processor by the profile's ``contention`` (1.0: one processor, so
@@ -78,7 +86,7 @@ from offload_lab.simulation.profile import DeviceProfile, default_tokens, names
 from offload_lab.simulation.regimes import evidence_of
 from offload_lab.vocabulary import ISSUE_ORDERS, TIERS
 
-__all__ = ["simulate", "run_engine", "check_bounds"]
+__all__ = ["simulate", "run_engine", "check_bounds", "sync_points"]
 
 
 #: Bounds of what a simulation may be asked for. A sampler runs tens to a few thousand steps
@@ -143,9 +151,10 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
         issue = plan.issue or plan.params.get("issue") or "after-compute"
     _check_issue(issue, stage_threads)
     layers, streamed, prefetch, info, _ = prepare(spec, plan, profile, tokens, stage_threads)
+    syncs = sync_points(plan, info)
     run_id = f"sim-{uuid.uuid4().hex[:8]}"
     events, bounds, mem = run_engine(spec, streamed, prefetch, info, profile, steps, passes, run=run_id,
-                                      issue=issue)
+                                      issue=issue, sync_after=syncs)
 
     tiers = Counter(lay.tier for lay in info.values())
     tier_s = ", ".join(f"{tiers[t]} {t}" for t in TIERS
@@ -185,6 +194,25 @@ def simulate(plan: Plan | PipelinePlan, device: DeviceProfile | str | None = Non
     # the engine's frames are built in contract form (simulation/events.py): not re-checked
     return Run.build(events, bounds, layers, memory=mem, meta=meta, warmup=warmup, trusted=True)
 
+
+
+def sync_points(plan: Plan, info: dict[tuple[str, int], Layer]) -> frozenset[int]:
+    """The layer ids after whose forward the host synchronises the compute stream, from
+    ``plan.params["sync_after"]`` (``{layer group: [layer indices]}``; absent or empty: none)."""
+    given = (plan.params or {}).get("sync_after")
+    if not given:
+        return frozenset()
+    if not isinstance(given, dict):
+        raise SimError(f"plan.params['sync_after'] = {given!r:.80}; accepted: a dict {{layer group: [layer indices]}}")
+    out = set()
+    for g, idx in given.items():
+        for i in idx if isinstance(idx, (list, tuple)) else [idx]:
+            lay = info.get((str(g), i)) if isinstance(i, int) and not isinstance(i, bool) else None
+            if lay is None:
+                raise SimError(f"plan.params['sync_after'] names layer {g!r} {i!r}, which the plan does not "
+                               f"have; accepted: a dict {{layer group: [layer indices of the plan]}}")
+            out.add(lay.lid)
+    return frozenset(out)
 
 
 def _tokens_used(spec: Any, profile: DeviceProfile, tokens: int | str | None) -> int | None:
@@ -298,13 +326,17 @@ class _Walk:
 
 def run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, int],
                 info: dict[tuple[str, int], Layer], prof: DeviceProfile, steps: int, passes: int,
-                run: str = "", frames: bool = True, issue: str = "after-compute"):
+                run: str = "", frames: bool = True, issue: str = "after-compute",
+                sync_after: frozenset[int] = frozenset()):
     """``(events, bounds, memory)`` frames; with ``frames=False`` only the step bounds (the
-    events and memory are None), which is all calibration's step matching reads."""
+    events and memory are None), which is all calibration's step matching reads.
+    ``sync_after``: ids of the layers after whose launch the host waits for the compute stream
+    (:func:`sync_points`; the cpu backend runs each block on the host, so it is already in sync)."""
     walk = _Walk(spec, streamed, prefetch, info, passes)
     ev = Events(list(info.values()))
     engine = _engine_sync if prof.compute_mode == "sync" else _engine_async
-    bounds = pd.DataFrame(engine(walk, prof, steps, ev, issue == "after-compute"),
+    args = (sync_after,) if sync_after and engine is _engine_async else ()
+    bounds = pd.DataFrame(engine(walk, prof, steps, ev, issue == "after-compute", *args),
                           columns=["step", "start_s", "end_s"])
     if not frames:
         return None, bounds, None
@@ -312,7 +344,7 @@ def run_engine(spec: Any, streamed: dict[str, list[int]], prefetch: dict[str, in
 
 
 def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
-                  after: bool = True) -> list[tuple[int, float, float]]:
+                  after: bool = True, sync_after: frozenset[int] = frozenset()) -> list[tuple[int, float, float]]:
     """A GPU: the host launches and runs ahead; one link; copies wait on the compute stream.
 
     The inner loop runs once per layer forward, so it is written for speed: one bound
@@ -439,6 +471,8 @@ def _engine_async(walk: _Walk, prof: DeviceProfile, steps: int, ev: Events,
                 end = stream_free = begin + compute
                 row((use, lid, COMPUTE, begin, end))
                 t += launch_s
+                if sync_after and lid in sync_after and end > t:
+                    t = end  # the host synchronises the compute stream (plan.params["sync_after"])
                 if k >= 0:
                     moved((end, freed))
                     if after:

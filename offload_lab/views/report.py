@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import pandas as pd
 from markupsafe import Markup
 
 from offload_lab import __version__
@@ -38,11 +39,16 @@ from offload_lab.analysis import summary
 from offload_lab.analysis.comparison import compare, sim_device, tokens_of_meta
 from offload_lab.analysis.ranks import is_multi_rank, rank_table, slowest_rank_run, split_ranks
 from offload_lab.analysis.summary import as_runs
+from offload_lab.engines.compare import COLUMNS as ENGINE_COLUMNS
+from offload_lab.engines.compare import compare as compare_engines
+from offload_lab.engines.compare import figure as engines_figure
+from offload_lab.engines.errors import EngineError
 from offload_lab.errors import OffloadLabError
 from offload_lab.record.regime import issue_of
 from offload_lab.record.run import Run
 from offload_lab.simulation.confirm import Confirmation
 from offload_lab.simulation.evidence import other_order
+from offload_lab.simulation.profile import DeviceProfile
 from offload_lab.simulation.recommend import Recommendation
 from offload_lab.units import format_bytes
 from offload_lab.views import figures as viz
@@ -95,7 +101,8 @@ class Report:
     """Figures and tables of a set of runs; :meth:`save` writes one offline HTML file.
 
     Attributes: ``runs``, ``plan``, ``title``, ``comparison`` (:func:`~offload_lab.analysis.comparison.compare`),
-    ``figures`` (``{name: plotly Figure}``), ``warnings`` (problems, list of str), ``notes``
+    ``engines`` (:func:`offload_lab.engines.compare`'s frame shown in the Engines section, or
+    None), ``figures`` (``{name: plotly Figure}``), ``warnings`` (problems, list of str), ``notes``
     (context such as what the cpu backend can show).
 
     >>> import offload_lab
@@ -107,8 +114,10 @@ class Report:
     """
 
     def __init__(self, runs: list[Run], plan: Any = None, title: str | None = None,
-                 recommendation: Any = None, confirmation: Any = None):
+                 recommendation: Any = None, confirmation: Any = None, engines: pd.DataFrame | None = None,
+                 engines_context: str = ""):
         self.runs = runs
+        self.engines, self.engines_context = engines, engines_context
         self.plan = plan
         self.recommendation, self.confirmation = recommendation, confirmation
         self.title = title or self._default_title()
@@ -138,6 +147,8 @@ class Report:
             self.figures["tier-bytes"] = viz.tier_bytes(([plan] if plan is not None else []) + runs)
         if recommendation is not None and recommendation.best is not None:
             self.figures["recommend-front"] = front_figure(recommendation)
+        if engines is not None:
+            self.figures["engines"] = engines_figure(engines)  # it escapes its strings
         peak_runs = [r for r in runs if r.meta.get("startup_peak_bytes") is not None and r.meta.get("init_strategy")]
         if plan is not None:
             # a plan's prediction is only comparable with runs of the same model
@@ -223,6 +234,8 @@ class Report:
             "devices": ", ".join(sorted({rd.device_text(r) for r in self.runs if r.meta.get("device_name")})),
             "plan": rd.plan_data(self.plan, viz.tier_color) if self.plan is not None else None,
             "rec": None if self.recommendation is None else _rec_data(self.recommendation, self.confirmation),
+            "engines": None if self.engines is None else {"rows": rd.engine_rows(self.engines),
+                                                          "context": self.engines_context},
             "warnings": self.warnings, "notes": self.notes, "noisy_limit": f"{summary.NOISY_SPREAD:g}",
             "figures": {name: self._fig_html(name) for name in self.figures},
             "generator": f"offload-lab {__version__} · plotly {plotly.__version__} · written {written}",
@@ -289,6 +302,50 @@ def _other_orders(runs: list[Run]) -> list[Run | None]:
     return [None if not r.simulated or any(twin(r, x) for x in runs) else other_order(r) for r in runs]
 
 
+def _engines_frame(engines: Any, plan: Any, device: Any, runs: list[Run]) -> tuple[pd.DataFrame | None, str]:
+    """What the Engines section shows: ``engines`` as given (a frame of
+    :func:`offload_lab.engines.compare`), or that comparison made for ``plan``'s model, host,
+    device memory and tokens on ``device`` (else the device of the first simulated run of it)."""
+    if isinstance(engines, pd.DataFrame):
+        missing = [c for c in ENGINE_COLUMNS if c not in engines.columns]
+        if missing:
+            raise ReportError(f"engines frame lacks columns {missing}; expected the frame "
+                              f"offload_lab.engines.compare() returns, True, False or None")
+        return engines, "as given"
+    if engines is None:
+        engines = plan is not None and device is not None
+    if not isinstance(engines, bool):
+        raise ReportError(f"engines {engines!r:.80} is not True, False, None or a frame of "
+                          f"offload_lab.engines.compare()")
+    if device is not None and plan is None:
+        raise ReportError(f"device {device!r:.80} is for the Engines section, which compares engines on "
+                          f"the plan's model: pass plan= too")
+    if not engines:
+        return None, ""
+    if plan is None:
+        raise ReportError("engines=True compares engines on the plan's model: pass plan= (and device=)")
+    name = plan.spec.name
+    if device is None:  # the device the report's own predictions of this model were made on
+        device = next((r.meta.get("device_name") for r in runs if r.simulated and r.meta.get("model") == name
+                       and r.meta.get("device_name") in DeviceProfile.names()), None)
+        if device is None:
+            raise ReportError(f"engines=True needs a device: pass device= (a DeviceProfile or one of "
+                              f"{', '.join(DeviceProfile.names())})")
+    params = plan.params or {}
+    tokens = (plan.ledger or {}).get("device_tokens")
+    try:
+        frame = compare_engines(plan.spec, device, host=plan.host, device_memory=params.get("device_memory"),
+                                tokens=tokens)
+    except EngineError as e:
+        raise ReportError(f"engines: {e}") from None
+    dev = device.name if isinstance(device, DeviceProfile) else str(device)
+    host = format_bytes(plan.host.available) if getattr(plan, "host", None) is not None else "probed"
+    mem = params.get("device_memory")
+    return frame, (f"{name} on {dev}, host available {host}"
+                   + (f", device memory {format_bytes(int(mem))}" if mem else "")
+                   + (f", {int(tokens)} tokens" if tokens else ""))
+
+
 def _rec_data(rec: Any, confirmation: Any) -> dict[str, Any]:
     return recommendation_data(rec, confirmation)
 def _rank_rows(run: Run) -> list[list[str]]:
@@ -303,13 +360,22 @@ def _rank_rows(run: Run) -> list[list[str]]:
 
 
 def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = None,
-           title: str | None = None, recommendation: Any = None, confirmation: Any = None) -> Report:
+           title: str | None = None, recommendation: Any = None, confirmation: Any = None,
+           device: DeviceProfile | str | None = None, engines: bool | pd.DataFrame | None = None) -> Report:
     """Build a :class:`Report` of ``runs`` (measured and/or simulated) and optionally their plan.
 
     ``runs`` may be one Run, a list, or a ``{label: Run}`` mapping; it may be empty only when a
     ``plan`` is given (a plan-only report). ``recommendation`` (from :func:`offload_lab.recommend`)
     adds its best plan, front and explanation; ``confirmation`` (from ``rec.confirm(...)``) its
     predicted vs measured table.
+
+    An **Engines** section (other engines' offload settings for the plan's model, simulated side
+    by side: :func:`offload_lab.engines.compare` and its figure) is added when ``plan`` and
+    ``device`` (a :class:`~offload_lab.DeviceProfile` or a shipped name) are both given, or
+    with ``engines=True`` (``device`` then defaults to that of a simulated run of the plan's
+    model); ``engines`` may also be a frame ``engines.compare`` returned, shown as it is, and
+    ``engines=False`` leaves the section out. It simulates about 13 engine settings (a few
+    seconds for a 14B model), so it is made only when asked.
 
     >>> import offload_lab
     >>> spec = offload_lab.catalog.load("wan2.1-t2v-14b")
@@ -336,7 +402,9 @@ def report(runs: Run | Iterable[Run] | Mapping[str, Run] | None, plan: Any = Non
     if confirmation is not None and not isinstance(confirmation, Confirmation):
         raise ReportError(f"confirmation {confirmation!r:.80} is not a Confirmation; expected the result of "
                           f"rec.confirm(model, fn) or None")
-    return Report(run_list, plan=plan, title=title, recommendation=recommendation, confirmation=confirmation)
+    frame, context = _engines_frame(engines, plan, device, run_list)
+    return Report(run_list, plan=plan, title=title, recommendation=recommendation, confirmation=confirmation,
+                  engines=frame, engines_context=context)
 
 
 

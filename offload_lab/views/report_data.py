@@ -32,7 +32,7 @@ _LEDGER_NAMES = [("available", "host available"), ("reserve", "reserve (max(5 %,
                  ("spendable", "spendable"), ("budget", "pin budget"), ("pinned_bytes", "pinned"),
                  ("net_anonymous_bytes", "net new anonymous")]
 
-__all__ = ["env_row", "ledger_rows", "param_items", "plan_data", "run_rows", "same_plan"]
+__all__ = ["engine_rows", "env_row", "ledger_rows", "param_items", "plan_data", "run_rows", "same_plan"]
 
 
 def _row(key: str, value: Any, cls: str = "") -> dict[str, str]:
@@ -327,3 +327,36 @@ def plan_data(p: Any, tier_color: Any) -> dict[str, Any]:
             "layers": layers,
             "summary": f"{summary.tier_summary(p.layers)} · pinned {fmt_bytes(led.get('pinned_bytes'))} "
                        f"of budget {fmt_bytes(led.get('budget'))}"}
+
+
+#: what a row's evidence status means, as the Engines table says it
+_ENGINE_EVIDENCE = {"held-out": "held-out: measured runs of its regime back it",
+                    "unconfirmed": "unconfirmed: no measured run of its issue order and copies",
+                    "derived": "derived: no measured run of this device"}
+
+
+def engine_rows(frame: pd.DataFrame) -> list[dict[str, str]]:
+    """The Engines table: one row of :func:`offload_lab.engines.compare`'s frame each, as text
+    (engine, settings, simulated step with its evidence, pinned bytes really locked, device
+    peak, fits and why not).
+
+    >>> import pandas as pd
+    >>> row = engine_rows(pd.DataFrame([{"engine": "offload-lab", "settings": "defaults", "step_s": 0.61,
+    ...     "extra_s": 0.0, "evidence": "held-out", "pinned_bytes": 2**30, "device_peak_bytes": 3 * 2**30,
+    ...     "host_fits": True, "device_fits": False, "fits": False, "tiers": "30 pinned, prefetch 1"}]))[0]
+    >>> row["step"], row["pinned"], row["fits"]
+    ('610 ms', '1.00 GiB', 'NO: device')
+    """
+    out = []
+    for r in frame.to_dict("records"):
+        why = [w for w, ok in (("host", r.get("host_fits", True)), ("device", r.get("device_fits", True))) if not ok]
+        ev = str(r.get("evidence") or "")
+        extra = r.get("extra_s") or 0.0
+        out.append({"engine": str(r["engine"]), "settings": str(r["settings"]), "tiers": str(r.get("tiers", "")),
+                    "step": fmt_seconds(r["step_s"]),
+                    "extra": f"incl. {fmt_seconds(extra)} outside the layers" if extra and extra == extra else "",
+                    "evidence": ev, "evidence_title": _ENGINE_EVIDENCE.get(ev, ev),
+                    "pinned": fmt_bytes(r["pinned_bytes"]), "peak": fmt_bytes(r["device_peak_bytes"]),
+                    "fits": "yes" if r["fits"] else "NO" + (f": {', '.join(why)}" if why else ""),
+                    "cls": "" if r["fits"] else "bad"})
+    return out
