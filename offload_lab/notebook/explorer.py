@@ -504,14 +504,10 @@ class PlanExplorer:
             return
         for trace in widget.data:
             trace.on_click(self.on_front_click)
+        # the widget's view as the output's only item: display() would print the widget's repr
+        # wherever no kernel front end listens (a doctest, a script)
         self.recommend_out.outputs = ()
-        from IPython import get_ipython
-        from IPython.display import display as show
-
-        if get_ipython() is None:  # no kernel, no page: IPython would print the widget's repr instead
-            return
-        with self.recommend_out:
-            show(widget)
+        self.recommend_out.append_display_data(widget)
 
     # -- in a notebook ----------------------------------------------------------------------------------
     def _ipython_display_(self) -> None:
