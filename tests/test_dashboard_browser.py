@@ -43,7 +43,7 @@ NOTEBOOK = "dashboard.ipynb"
 CELL = ('from offload_lab import PlanExplorer\n'
         'ex = PlanExplorer("wan2.1-t2v-1.3b", host="64GiB", live=False)\n'
         'ex')
-TAB_NAMES = ["Timeline", "Tier map", "Plan", "Comparison", "Recommend"]
+TAB_NAMES = ["Timeline", "Tier map", "Plan", "Comparison", "Recommend", "Engines"]
 RERUN_NOTE = "run this cell again"
 WAIT_MS = 60_000        # a cold kernel importing torch on a busy 2-core machine is slow
 SWITCH_MS = 10_000
@@ -81,6 +81,7 @@ def _panel_holds(i: int, state: dict) -> bool:
         2: "HostMemory(available=64.00 GiB" in text and "pin budget" in text,  # the ledger
         3: "No runs kept yet" in text,                        # the comparison
         4: "Press Recommend" in text,                         # the recommendation, before a search
+        5: "Press Compare engines" in text,                   # other engines, before a comparison
     }[i]
 
 
@@ -271,7 +272,7 @@ PANEL_FIGURES_JS = """() => { const t = document.querySelector('.jp-OutputArea .
 WIDGET_ERRORS_JS = """() => [...document.querySelectorAll('.jp-OutputArea .jupyter-widgets.widget-error, .jp-OutputArea .widget-error')]
   .map(e => { e.click(); return e.innerText || e.textContent; })"""
 # the figures each tab must show once Simulate (live), "pinned vs pageable" and Recommend ran
-TAB_FIGURES = {"Timeline": 1, "Tier map": 1, "Plan": 0, "Comparison": 1, "Recommend": 1}
+TAB_FIGURES = {"Timeline": 1, "Tier map": 1, "Plan": 0, "Comparison": 1, "Recommend": 1, "Engines": 0}
 
 
 def _press(page, label: str) -> None:
