@@ -34,6 +34,7 @@ Importing this module imports ipywidgets; ``import offload_lab`` does not, nor d
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ from offload_lab.planning.options import ISSUE_ORDERS, ORDERS, RESIDENCIES
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 
-__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB"]
+__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB",
+           "update_figure_widget"]
 
 # wide enough for the longest description ("resident per group"): a narrower one is cut
 _STYLE = {"description_width": "140px"}
@@ -78,6 +80,53 @@ def _row(*children: Any) -> W.HBox:
 _RESTART_NOTE = ("<br><small style='color:#667085'>The controls act through the running kernel: "
                  "after a kernel restart, or in a copy of the notebook opened later, run this cell again."
                  "</small>")
+
+
+def _figure_widget_class() -> Any:
+    """plotly's ``FigureWidget`` when it can run here (``anywidget`` installed), else None."""
+    if importlib.util.find_spec("anywidget") is None:
+        return None
+    import plotly.graph_objects as go  # heavy: plotly, only when a figure is drawn in a kernel
+
+    return go.FigureWidget
+
+
+def _widget_output(widget: Any) -> dict[str, Any]:
+    """An Output widget's output that shows ``widget`` (set as outputs: no display capture)."""
+    return {"output_type": "display_data", "metadata": {}, "data": {
+        "application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                     "model_id": widget.model_id},
+        "text/plain": f"<plotly figure widget: {len(widget.data)} traces>"}}
+
+
+def update_figure_widget(widget: Any, fig: Any) -> None:
+    """Make ``widget`` (a plotly ``FigureWidget``) show ``fig``, sending only what changed.
+
+    Traces of the same count, types and properties are restyled in place and the layout is
+    relaid out, in one batch (one message to the page); otherwise the traces are replaced.
+    A property the new figure lacks is removed, so the widget shows what ``fig`` shows:
+
+    >>> import plotly.graph_objects as go
+    >>> w = go.FigureWidget(go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout={"title": {"text": "a"}}))
+    >>> uid = w.data[0].uid
+    >>> update_figure_widget(w, go.Figure(go.Bar(x=[1, 2], y=[5, 6]), layout={"height": 300}))
+    >>> w.data[0].uid == uid, w.data[0].y, w.layout.height, w.layout.title.text
+    (True, (5, 6), 300, None)
+    """
+    new = fig.to_plotly_json()
+    data, layout = new.get("data", []), new.get("layout", {})
+    # the widget gives each trace a ``uid``: not a property the figure's traces differ in
+    old = [t.to_plotly_json().keys() - {"uid"} for t in widget.data]
+    same = len(old) == len(data) and all(a == b.keys() - {"uid"} for a, b in zip(old, data))
+    if not same:
+        widget.data = ()
+        widget.add_traces(data)
+    gone = {k: None for k in widget.layout.to_plotly_json() if k not in layout}
+    with widget.batch_update():
+        if same:
+            for trace, t in zip(widget.data, data):
+                trace.update(t, overwrite=True)
+        widget.layout.update({**gone, **layout}, overwrite=True)
 
 
 class PlanExplorer:
@@ -113,6 +162,7 @@ class PlanExplorer:
         self.state.on_progress = self._progress
         self._syncing = False
         self._shown: dict[int, tuple[Any, ...]] = {}  # id of an Output widget -> the figures it shows
+        self._widgets: dict[int, list[Any]] = {}  # id of an Output widget -> its FigureWidgets, by slot
         self._running = False
         self._build_widgets()
         self._refresh()
@@ -464,14 +514,37 @@ class PlanExplorer:
                 self._draw_front(figs.get("recommend_front"))
 
     def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
-        """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it."""
+        """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it.
+
+        In a kernel with plotly's ``FigureWidget`` (it needs ``anywidget``) each figure slot of
+        ``out`` holds one widget, sent once; a new figure for the slot is sent as a diff of its
+        traces and layout, which plotly.js applies to the plot on the page instead of building a
+        new one. Elsewhere (and without ``anywidget``) the figures are sent whole.
+        """
         figs = () if empty else tuple(f for f in figs if f is not None)
         if not figs and not empty:
             return  # nothing to draw yet
         if self._is_shown(out, figs):
             return
         self._shown[id(out)] = figs  # the figures themselves: their ids stay theirs while held
+        if figs and display.in_kernel() and self._update_in_place(out, figs):
+            return
+        self._widgets.pop(id(out), None)
         display.render(out, *figs)
+
+    def _update_in_place(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
+        """Show ``figs`` in ``out`` through its FigureWidgets; False when there are none here."""
+        make = _figure_widget_class()
+        if make is None:
+            return False
+        held = self._widgets.get(id(out))
+        if held is not None and len(held) == len(figs):
+            for widget, fig in zip(held, figs):
+                update_figure_widget(widget, fig)
+            return True
+        held = self._widgets[id(out)] = [make(fig) for fig in figs]
+        out.outputs = tuple(_widget_output(w) for w in held)
+        return True
 
     def _is_shown(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
         shown = self._shown.get(id(out))
@@ -481,20 +554,14 @@ class PlanExplorer:
         if fig is None or self._is_shown(self.recommend_out, (fig,)):
             return
         self._shown[id(self.recommend_out)] = (fig,)
-        try:
-            import plotly.graph_objects as go
-
-            widget = go.FigureWidget(fig)  # needs anywidget; clicks then reach on_front_click
-        except ImportError:
+        make = _figure_widget_class() if display.in_kernel() else None
+        if make is None:
             display.render(self.recommend_out, fig)
             return
+        widget = make(fig)  # clicks on its points reach on_front_click
         for trace in widget.data:
             trace.on_click(self.on_front_click)
-        self.recommend_out.outputs = ()
-        with self.recommend_out:
-            from IPython.display import display as show
-
-            show(widget)
+        self.recommend_out.outputs = (_widget_output(widget),)
 
     # -- in a notebook ----------------------------------------------------------------------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
