@@ -91,12 +91,15 @@ def _figure_widget_class() -> Any:
     return go.FigureWidget
 
 
-def _widget_output(widget: Any) -> dict[str, Any]:
-    """An Output widget's output that shows ``widget`` (set as outputs: no display capture)."""
-    return {"output_type": "display_data", "metadata": {}, "data": {
-        "application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
-                                                     "model_id": widget.model_id},
-        "text/plain": f"<plotly figure widget: {len(widget.data)} traces>"}}
+def _widget_output(widget: Any, fig: Any = None) -> dict[str, Any]:
+    """An Output widget's output that shows ``widget`` (set as outputs: no display capture),
+    with ``fig``'s static HTML for a notebook exported without the widgets' scripts."""
+    data = {"application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                         "model_id": widget.model_id},
+            "text/plain": f"<plotly figure widget: {len(widget.data)} traces>"}
+    if fig is not None:
+        data["text/html"] = display.figure_html(fig, plotlyjs=False)
+    return {"output_type": "display_data", "metadata": {}, "data": data}
 
 
 def update_figure_widget(widget: Any, fig: Any) -> None:
@@ -163,6 +166,7 @@ class PlanExplorer:
         self._syncing = False
         self._shown: dict[int, tuple[Any, ...]] = {}  # id of an Output widget -> the figures it shows
         self._widgets: dict[int, list[Any]] = {}  # id of an Output widget -> its FigureWidgets, by slot
+        self._live: set[int] = set()  # ids of the FigureWidgets a page has drawn
         self._running = False
         self._build_widgets()
         self._refresh()
@@ -538,12 +542,20 @@ class PlanExplorer:
         if make is None:
             return False
         held = self._widgets.get(id(out))
-        if held is not None and len(held) == len(figs):
+        if held is not None and len(held) == len(figs) and all(id(w) in self._live for w in held):
             for widget, fig in zip(held, figs):
                 update_figure_widget(widget, fig)
             return True
+        # new widgets, with each figure's static HTML beside: where no page draws the widgets (a
+        # headless run exporting the notebook) the next figure comes this way too, so the saved
+        # outputs always hold the figure on display
+        for w in held or ():
+            self._live.discard(id(w))
         held = self._widgets[id(out)] = [make(fig) for fig in figs]
-        out.outputs = tuple(_widget_output(w) for w in held)
+        for w in held:
+            # a page that draws the widget reports the traces it drew: from then on diffs reach it
+            w.observe(lambda _change, w=w: self._live.add(id(w)), names="_js2py_traceDeltas")
+        out.outputs = tuple(_widget_output(w, fig) for w, fig in zip(held, figs))
         return True
 
     def _is_shown(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
