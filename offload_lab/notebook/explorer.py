@@ -533,8 +533,9 @@ class PlanExplorer:
         self._shown[id(out)] = figs  # the figures themselves: their ids stay theirs while held
         if figs and display.in_kernel() and self._update_in_place(out, figs):
             return
-        self._widgets.pop(id(out), None)
+        old = self._widgets.pop(id(out), ())
         display.render(out, *figs)
+        self._close(old)
 
     def _update_in_place(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
         """Show ``figs`` in ``out`` through its FigureWidgets; False when there are none here."""
@@ -549,14 +550,20 @@ class PlanExplorer:
         # new widgets, with each figure's static HTML beside: where no page draws the widgets (a
         # headless run exporting the notebook) the next figure comes this way too, so the saved
         # outputs always hold the figure on display
-        for w in held or ():
-            self._live.discard(id(w))
+        old = held or ()
         held = self._widgets[id(out)] = [make(fig) for fig in figs]
         for w in held:
             # a page that draws the widget reports the traces it drew: from then on diffs reach it
             w.observe(lambda _change, w=w: self._live.add(id(w)), names="_js2py_traceDeltas")
         out.outputs = tuple(_widget_output(w, fig) for w, fig in zip(held, figs))
+        self._close(old)
         return True
+
+    def _close(self, widgets: Sequence[Any]) -> None:
+        """Close FigureWidgets no output shows any more (their models would stay in the page)."""
+        for w in widgets:
+            self._live.discard(id(w))
+            w.close()
 
     def _is_shown(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
         shown = self._shown.get(id(out))
