@@ -322,9 +322,36 @@ def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
     for out, n in ((ex.tier_map_out, 1), (ex.timeline_out, 1), (ex.comparison_out, 2)):
         assert len(out.outputs) == n
         data = out.outputs[0]["data"]
-        assert "application/vnd.plotly.v1+json" in data and "plotly-graph-div" in data["text/html"]
+        # a FigureWidget (with anywidget installed) or the plotly mimetype, and the HTML for export
+        assert ("application/vnd.jupyter.widget-view+json" in data or "application/vnd.plotly.v1+json" in data)
+        assert "plotly-graph-div" in data["text/html"]
     ex.clear_button.click()
     assert ex.comparison_out.outputs == ()
+
+
+def test_figures_drawn_by_a_page_are_updated_in_place(monkeypatch, wan14):
+    """Once a page has drawn a FigureWidget, a new timeline reaches it as a diff: the output is
+    not sent again, and the widget holds the new figure; without a page, figures are sent whole."""
+    go = pytest.importorskip("plotly.graph_objects")
+    pytest.importorskip("anywidget")
+    monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
+    ex = PlanExplorer(wan14, host="64GiB", live=True)
+    first = ex.timeline_out.outputs
+    ex.tier.value = "pageable"  # no page drew the widget: a new one, whole, HTML included
+    assert ex.timeline_out.outputs is not first and "plotly-graph-div" in ex.timeline_out.outputs[0]["data"]["text/html"]
+    model = ex.timeline_out.outputs[0]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the registry of live widgets, by model id
+        widget = W.Widget.widgets[model]
+    assert isinstance(widget, go.FigureWidget)
+    # what the page's view sends once it has drawn the figure
+    widget._js2py_traceDeltas = {"trace_deltas": [], "trace_edit_id": -1}
+    shown = ex.timeline_out.outputs
+    ex.issue.value = "before-compute"
+    assert ex.timeline_out.outputs is shown  # nothing re-sent: the widget was updated
+    new = ex.figures["timeline"]
+    assert widget.layout.title.text == new.layout.title.text
+    assert [t.name for t in widget.data] == [t.name for t in new.data]
 
 
 # -- pinned vs pageable: the pinned arm is all pinned, whatever the budget control says ------------

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from offload_lab.planning.planner import Plan
     from offload_lab.record.run import Run
 
-__all__ = ["figure_html", "figure_bundle", "render", "ledger_html", "reasons_html", "comparison_html",
+__all__ = ["figure_html", "figure_bundle", "render", "in_kernel", "ledger_html", "reasons_html", "comparison_html",
            "status_html"]
 
 _PLOTLYJS_SENT = False  # plotly.js is inlined once per kernel process, see figure_html()
@@ -93,6 +93,11 @@ def _in_kernel() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (where a frontend shows what the dashboard sends)."""
+    return _in_kernel()
 
 
 def render(out: Any, *figs: Any) -> None:

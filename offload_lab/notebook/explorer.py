@@ -34,6 +34,7 @@ Importing this module imports ipywidgets; ``import offload_lab`` does not, nor d
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ from offload_lab.planning.options import ISSUE_ORDERS, ORDERS, RESIDENCIES
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 
-__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "RESTART_NOTICE"]
+__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "RESTART_NOTICE",
+           "update_figure_widget"]
 
 # wide enough for the longest description ("resident per group"): a narrower one is cut
 _STYLE = {"description_width": "140px"}
@@ -81,6 +83,56 @@ RESTART_NOTICE = ("<div style='border-left:4px solid #f79009;background:#fffaeb;
                   "its controls act through the kernel that ran this cell. After a kernel restart, "
                   "or in a copy of the notebook opened later, they do nothing (or JupyterLab shows "
                   "<i>model not found</i>): <b>run this cell again</b>.</div>")
+
+
+def _figure_widget_class() -> Any:
+    """plotly's ``FigureWidget`` when it can run here (``anywidget`` installed), else None."""
+    if importlib.util.find_spec("anywidget") is None:
+        return None
+    import plotly.graph_objects as go  # heavy: plotly, only when a figure is drawn in a kernel
+
+    return go.FigureWidget
+
+
+def _widget_output(widget: Any, fig: Any = None) -> dict[str, Any]:
+    """An Output widget's output that shows ``widget`` (set as outputs: no display capture),
+    with ``fig``'s static HTML for a notebook exported without the widgets' scripts."""
+    data = {"application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                         "model_id": widget.model_id},
+            "text/plain": f"<plotly figure widget: {len(widget.data)} traces>"}
+    if fig is not None:
+        data["text/html"] = display.figure_html(fig, plotlyjs=False)
+    return {"output_type": "display_data", "metadata": {}, "data": data}
+
+
+def update_figure_widget(widget: Any, fig: Any) -> None:
+    """Make ``widget`` (a plotly ``FigureWidget``) show ``fig``, sending only what changed.
+
+    Traces of the same count, types and properties are restyled in place and the layout is
+    relaid out, in one batch (one message to the page); otherwise the traces are replaced.
+    A property the new figure lacks is removed, so the widget shows what ``fig`` shows:
+
+    >>> import plotly.graph_objects as go
+    >>> w = go.FigureWidget(go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout={"title": {"text": "a"}}))
+    >>> uid = w.data[0].uid
+    >>> update_figure_widget(w, go.Figure(go.Bar(x=[1, 2], y=[5, 6]), layout={"height": 300}))
+    >>> w.data[0].uid == uid, w.data[0].y, w.layout.height, w.layout.title.text
+    (True, (5, 6), 300, None)
+    """
+    new = fig.to_plotly_json()
+    data, layout = new.get("data", []), new.get("layout", {})
+    # the widget gives each trace a ``uid``: not a property the figure's traces differ in
+    old = [t.to_plotly_json().keys() - {"uid"} for t in widget.data]
+    same = len(old) == len(data) and all(a == b.keys() - {"uid"} for a, b in zip(old, data))
+    if not same:
+        widget.data = ()
+        widget.add_traces(data)
+    gone = {k: None for k in widget.layout.to_plotly_json() if k not in layout}
+    with widget.batch_update():
+        if same:
+            for trace, t in zip(widget.data, data):
+                trace.update(t, overwrite=True)
+        widget.layout.update({**gone, **layout}, overwrite=True)
 
 
 class PlanExplorer:
@@ -116,6 +168,8 @@ class PlanExplorer:
         self.state.on_progress = self._progress
         self._syncing = False
         self._shown: dict[int, tuple[Any, ...]] = {}  # id of an Output widget -> the figures it shows
+        self._widgets: dict[int, list[Any]] = {}  # id of an Output widget -> its FigureWidgets, by slot
+        self._live: set[int] = set()  # ids of the FigureWidgets a page has drawn
         self._running = False
         self._build_widgets()
         self._refresh()
@@ -478,14 +532,52 @@ class PlanExplorer:
                 self._draw(self.engines_out, figs.get("engines"))
 
     def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
-        """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it."""
+        """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it.
+
+        In a kernel with plotly's ``FigureWidget`` (it needs ``anywidget``) each figure slot of
+        ``out`` holds one widget, sent once; a new figure for the slot is sent as a diff of its
+        traces and layout, which plotly.js applies to the plot on the page instead of building a
+        new one. Elsewhere (and without ``anywidget``) the figures are sent whole.
+        """
         figs = () if empty else tuple(f for f in figs if f is not None)
         if not figs and not empty:
             return  # nothing to draw yet
         if self._is_shown(out, figs):
             return
         self._shown[id(out)] = figs  # the figures themselves: their ids stay theirs while held
+        if figs and display.in_kernel() and self._update_in_place(out, figs):
+            return
+        old = self._widgets.pop(id(out), ())
         display.render(out, *figs)
+        self._close(old)
+
+    def _update_in_place(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
+        """Show ``figs`` in ``out`` through its FigureWidgets; False when there are none here."""
+        make = _figure_widget_class()
+        if make is None:
+            return False
+        held = self._widgets.get(id(out))
+        if held is not None and len(held) == len(figs) and all(id(w) in self._live for w in held):
+            for widget, fig in zip(held, figs):
+                update_figure_widget(widget, fig)
+            return True
+        # new widgets, with each figure's static HTML beside: where no page draws the widgets (a
+        # headless run exporting the notebook) the next figure comes this way too, so the saved
+        # outputs always hold the figure on display
+        old = held or ()
+        held = self._widgets[id(out)] = [make(fig) for fig in figs]
+        for w in held:
+            # a page that draws the widget reports the traces it drew: from then on diffs reach it
+            w.observe(lambda _change, w=w: self._live.add(id(w)), names="_js2py_traceDeltas")
+        out.outputs = tuple(_widget_output(w, fig) for w, fig in zip(held, figs))
+        self._close(old)
+        return True
+
+    def _close(self, widgets: Sequence[Any]) -> None:
+        """Close FigureWidgets no output shows any more (their models would stay in the page)."""
+        for w in widgets:
+            self._live.discard(id(w))
+            w.close()
 
     def _is_shown(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
         shown = self._shown.get(id(out))
@@ -495,19 +587,14 @@ class PlanExplorer:
         if fig is None or self._is_shown(self.recommend_out, (fig,)):
             return
         self._shown[id(self.recommend_out)] = (fig,)
-        try:
-            import plotly.graph_objects as go
-
-            widget = go.FigureWidget(fig)  # needs anywidget; clicks then reach on_front_click
-        except ImportError:
+        make = _figure_widget_class() if display.in_kernel() else None
+        if make is None:
             display.render(self.recommend_out, fig)
             return
+        widget = make(fig)  # clicks on its points reach on_front_click
         for trace in widget.data:
             trace.on_click(self.on_front_click)
-        # the widget's view as the output's only item: display() would print the widget's repr
-        # wherever no kernel front end listens (a doctest, a script)
-        self.recommend_out.outputs = ()
-        self.recommend_out.append_display_data(widget)
+        self.recommend_out.outputs = (_widget_output(widget),)
 
     # -- in a notebook ----------------------------------------------------------------------------------
     def _ipython_display_(self) -> None:

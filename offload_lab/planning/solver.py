@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from offload_lab.keyed import PlanTable
@@ -119,8 +120,8 @@ class Plan:
         """(group, layer, streamed, bytes) per row; plain tuples, since widgets call the
         queries below on every slider move and pandas masks cost ~1 ms each."""
         df = self.layers
-        return list(zip(df["group"], (int(i) for i in df["layer"]),
-                        (bool(s) for s in df["streamed"]), (int(b) for b in df["bytes"])))
+        return list(zip(df["group"].tolist(), (int(i) for i in df["layer"].tolist()),
+                        (bool(s) for s in df["streamed"].tolist()), (int(b) for b in df["bytes"].tolist())))
 
     def streamed_layers(self, group: str) -> list[int]:
         """Indices of the group's streamed layers, in execution order."""
@@ -338,14 +339,29 @@ def budget_of(host: HostMemory, pin_budget: Any) -> tuple[int, int | None, list[
                          f"({format_bytes(spend)}); capped"]
 
 
+def _rows_frame(rows: list[Any]) -> pd.DataFrame:
+    """The layers frame of the planner's own rows, built column by column in its final dtypes:
+    the same frame :func:`_layers_frame` gives, without inferring and re-typing every column
+    (that cost most of a plan: the plan widget plans on every slider move)."""
+    def texts(values: list[str]) -> pd.Series:
+        # a Series keeps object dtype; pandas 3 would infer ``str`` from an object ndarray
+        return pd.Series(values, dtype="object", copy=False)
+
+    return pd.DataFrame({
+        "group": texts([r.group for r in rows]),
+        "layer": np.array([r.index for r in rows], dtype="int64"),
+        "tier": texts([r.tier for r in rows]),
+        "bytes": np.array([r.bytes for r in rows], dtype="int64"),
+        "mapped_bytes": np.array([r.mapped for r in rows], dtype="int64"),
+        "streamed": np.array([r.streamed for r in rows], dtype="bool"),
+        "pin_rank": pd.array([r.pin_rank for r in rows], dtype="Int64"),
+        "reason": texts([r.reason for r in rows]),
+    }, copy=False)
+
+
 def finish_plan(unit: Unit, ledger: dict[str, Any], params: dict[str, Any], msgs: list[str],
             host: HostMemory) -> Plan:
-    layers = _layers_frame([
-        {"group": r.group, "layer": r.index, "tier": r.tier, "bytes": r.bytes,
-         "mapped_bytes": r.mapped, "streamed": r.streamed, "pin_rank": r.pin_rank,
-         "reason": r.reason}
-        for r in unit.rows
-    ])
+    layers = _rows_frame(unit.rows)
     return Plan(unit.spec, layers, ledger, unit.init_order, unit.prefetch, params, msgs, host,
                 [r.name for r in unit.grant_order])
 

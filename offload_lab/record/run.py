@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from offload_lab.checks import is_int
 from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
@@ -76,26 +78,61 @@ def _events_frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
     return conform("events", rows, EVENT_DTYPES, derive_dur=True)
 
 
+class _EventColumns:
+    """The events' columns the summaries read, each taken from the frame once, as numpy.
+
+    A column read costs tens of µs in pandas and the simulator builds a Run on every slider
+    move; :meth:`Run.build` hands over the columns it has already read (``given``).
+    """
+
+    def __init__(self, events: pd.DataFrame, given: dict[str, np.ndarray] | None = None):
+        self.frame = events
+        self.n = len(events)
+        self.names = set(events.columns)
+        self.got: dict[Any, np.ndarray] = dict(given or {})
+
+    def num(self, name: str, dtype: str) -> np.ndarray:
+        v = self.got.get(name)
+        if v is None or v.dtype != dtype:
+            v = self.got[name] = self.frame[name].to_numpy(dtype=dtype) if v is None else v.astype(dtype)
+        return v
+
+    def codes(self, name: str, values: list) -> np.ndarray:
+        """Each row's index in ``values`` (-1: none), in one pass over the strings."""
+        key = (name, tuple(values))
+        v = self.got.get(key)
+        if v is None:
+            arrow = self.got.get(name)
+            if arrow is None:
+                arrow = self.got[name] = pa.array(self.frame[name].array)
+            v = self.got[key] = pc.index_in(arrow, value_set=pa.array(values)).fill_null(-1).to_numpy()
+        return v
+
+
+def _bounds_arrays(bounds: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (bounds["step"].to_numpy(dtype="int64"), bounds["start_s"].to_numpy(dtype="float64"),
+            bounds["end_s"].to_numpy(dtype="float64"))
+
+
 def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
     """One row per step from the events and the step boundaries (``step, start_s, end_s``).
 
     Vectorised over steps (the simulator builds Runs of thousands of events on every slider
     move): interval unions are taken for all steps at once, by sorting on (step, start).
     """
-    bstep = bounds["step"].to_numpy(dtype="int64")
+    return _steps_summary(_EventColumns(events), *_bounds_arrays(bounds))
+
+
+def _steps_summary(cols: _EventColumns, bstep: np.ndarray, bstart: np.ndarray, bend: np.ndarray) -> pd.DataFrame:
     ub, inv = np.unique(bstep, return_inverse=True)
     nu = len(ub)
-    step = events["step"].to_numpy(dtype="int64")
+    step = cols.num("step", "int64")
     pos = np.searchsorted(ub, step)
     found = pos < nu
     found[found] = ub[pos[found]] == step[found]
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    # one pass over the strings: each row's index in KINDS (-1: none)
-    kind = pc.index_in(pa.array(events["kind"].array), value_set=pa.array(KINDS)).fill_null(-1).to_numpy()
-    s = events["start_s"].to_numpy(dtype="float64")
-    e = events["end_s"].to_numpy(dtype="float64")
+    kind = cols.codes("kind", list(KINDS))
+    s = cols.num("start_s", "float64")
+    e = cols.num("end_s", "float64")
     d = e - s
     c, k, w = (np.flatnonzero(found & (kind == KINDS.index(name))) for name in ("compute", "copy", "wait"))
 
@@ -129,25 +166,25 @@ def summarize_steps(events: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
     sums = {name: np.bincount(pos[ix], weights=d[ix], minlength=nu).astype("float64")
             for name, ix in (("compute_s", c), ("copy_s", k), ("stall_s", w))}
     # float sums of byte counts are exact below 2**53 bytes (9 PB) a step
-    moved = np.bincount(pos[k], weights=events["bytes"].to_numpy(dtype="int64")[k], minlength=nu).astype("int64")
+    moved = np.bincount(pos[k], weights=cols.num("bytes", "int64")[k], minlength=nu).astype("int64")
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(ku > 0, overlap / np.where(ku > 0, ku, 1.0), np.nan)
     # forwards per step: the highest call number seen in the step, plus one (1 with no rows)
     calls = np.ones(nu, dtype="int64")
-    if "call" in events.columns and len(events):
-        call = events["call"].to_numpy(dtype="int64")
+    if "call" in cols.names and cols.n:
+        call = cols.num("call", "int64")
         np.maximum.at(calls, pos[found], call[found] + 1)
+    # the keys in STEP_COLUMNS order: a ``columns=`` argument would double the construction's cost
     return pd.DataFrame({
         "step": bstep,
         "calls": calls[inv],
-        "wall_s": bounds["end_s"].to_numpy(dtype="float64") - bounds["start_s"].to_numpy(dtype="float64"),
+        "wall_s": bend - bstart,
         "compute_s": sums["compute_s"][inv], "copy_s": sums["copy_s"][inv], "stall_s": sums["stall_s"][inv],
         "exposed_copy_s": np.maximum(0.0, ku - overlap)[inv],
         "overlap": ratio[inv].astype("float64"),
         "bytes_moved": moved[inv],
         "rank": np.zeros(len(bstep), dtype="int64"),
-    }, columns=STEP_COLUMNS, copy=False)
-
+    }, copy=False)
 
 
 def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.DataFrame:
@@ -156,40 +193,56 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
     Vectorised: per (layer, step) sums by one sort of the events, then medians per layer on
     the sorted cells (the mean of the two middle values, as pandas' median takes it).
     """
+    return _layers_summary(_EventColumns(events), plan_layers)
+
+
+def _planned_strings(col: pd.Series) -> Any:
+    """A plan's text column as a ``string`` array, the one ``astype("string")`` gives.
+
+    The plan holds Python strings (object dtype); on Arrow storage they are handed to Arrow
+    directly, which is what the cast does at a twentieth of its overhead.
+    """
+    if col.dtype == "string":
+        return col.array
+    if col.dtype == object and pd.StringDtype().storage == "pyarrow":
+        values = col.to_numpy()
+        if all(type(v) is str for v in values):
+            return pd.arrays.ArrowStringArray(pa.array(values, type=pa.large_string()))
+    return col.astype("string").array
+
+
+def _layers_summary(cols: _EventColumns, plan_layers: pd.DataFrame) -> pd.DataFrame:
     n_base = len(plan_layers)
 
     def planned(name: str, dtype: str) -> Any:
         """A column of the plan in its contract dtype (missing: all NA, as a reindex gives)."""
         col = plan_layers[name] if name in plan_layers.columns else pd.Series(np.nan, index=plan_layers.index)
+        if dtype == "string":
+            return _planned_strings(col)
         return col.array if col.dtype == dtype else col.astype(dtype).array
 
     base = {"group": planned("group", "string"), "layer": planned("layer", "int64")}
     vals = {name: np.zeros(n_base) for name in ("copy_s", "compute_s", "stall_s")}
     vals["gbps"] = np.full(n_base, np.nan)
-    if len(events) and n_base:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
+    if cols.n and n_base:
         gnames = list(dict.fromkeys(base["group"].tolist()))
-        # one pass over the strings: each row's index in the list given (-1: none)
-        gcode = pc.index_in(pa.array(events["group"].array), value_set=pa.array(gnames)).fill_null(-1).to_numpy()
-        kind = pc.index_in(pa.array(events["kind"].array), value_set=pa.array(KINDS)).fill_null(-1).to_numpy()
-        layer = events["layer"].to_numpy(dtype="int64")
+        gcode = cols.codes("group", gnames)
+        kind = cols.codes("kind", list(KINDS))
+        layer = cols.num("layer", "int64")
         span = int(max(layer.max(initial=0), base["layer"].max(), 0) + 1)
         lkey = np.where(gcode >= 0, gcode * span + layer, -1)
-        step = events["step"].to_numpy(dtype="int64")
+        step = cols.num("step", "int64")
         smin = int(step.min())
         cells, cell_of = np.unique(lkey * (int(step.max()) - smin + 1) + (step - smin), return_inverse=True)
         cell_key = cells // (int(step.max()) - smin + 1)
-        d = events["dur_s"].to_numpy(dtype="float64")
+        d = cols.num("dur_s", "float64")
         ncell = len(cells)
         per = {}
         for name, kd in (("copy_s", "copy"), ("compute_s", "compute"), ("stall_s", "wait")):
             sel = kind == KINDS.index(kd)
             per[name] = np.bincount(cell_of[sel], weights=d[sel], minlength=ncell).astype("float64")
             if kd == "copy":  # byte sums are exact in float below 2**53
-                cb = np.bincount(cell_of[sel], weights=events["bytes"].to_numpy(dtype="int64")[sel],
-                                 minlength=ncell)
+                cb = np.bincount(cell_of[sel], weights=cols.num("bytes", "int64")[sel], minlength=ncell)
         with np.errstate(divide="ignore", invalid="ignore"):
             per["gbps"] = np.where(per["copy_s"] > 0, cb / np.where(per["copy_s"] > 0, per["copy_s"], 1.0),
                                    np.nan) / 1e9
@@ -217,11 +270,12 @@ def summarize_layers(events: pd.DataFrame, plan_layers: pd.DataFrame) -> pd.Data
             vals[name][hit] = median_by(per[name])[at[hit]]
         for name in ("copy_s", "compute_s", "stall_s"):
             vals[name] = np.nan_to_num(vals[name], nan=0.0)
+    # the keys in LAYER_COLUMNS order: a ``columns=`` argument would double the construction's cost
     return pd.DataFrame({
         **base, "tier": planned("tier", "string"), "bytes": planned("bytes", "int64"),
         "mapped_bytes": planned("mapped_bytes", "int64"), "streamed": planned("streamed", "bool"),
         "pin_rank": planned("pin_rank", "Int64"), **vals, "rank": np.zeros(n_base, dtype="int64"),
-    }, columns=LAYER_COLUMNS, copy=False)
+    }, copy=False)
 
 
 class Run:
@@ -290,27 +344,35 @@ class Run:
         its rules, so they are neither re-typed nor re-checked (:meth:`from_trusted_frames`).
         """
         meta = dict(meta or {})
-        bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"])
+        if not (isinstance(bounds, pd.DataFrame) and list(bounds.columns) == ["step", "start_s", "end_s"]):
+            bounds = pd.DataFrame(bounds, columns=["step", "start_s", "end_s"])
         if not bounds["step"].is_monotonic_increasing:
             bounds = bounds.sort_values("step")
         ev = events if trusted else _events_frame(events if isinstance(events, pd.DataFrame) else list(events))
-        kept = bounds["step"].to_numpy()[warmup:]
+        kept = bounds["step"].to_numpy()
+        bstep, bstart, bend = (kept if kept.dtype == "int64" else bounds["step"].to_numpy(dtype="int64"),
+                               bounds["start_s"].to_numpy(dtype="float64"), bounds["end_s"].to_numpy(dtype="float64"))
+        kept = kept[warmup:]
         if warmup:
-            bounds = bounds[bounds["step"].isin(kept)]
-        bounds = bounds.reset_index(drop=True)
+            keep = np.isin(bstep, kept)
+            bstep, bstart, bend = bstep[keep], bstart[keep], bend[keep]
         # keep the steps that ran, in (start, end) order; the simulator hands its rows over
         # already sorted, so the order is checked before any row is moved
-        rows = np.flatnonzero(np.isin(ev["step"].to_numpy(), kept))
-        s, e = ev["start_s"].to_numpy()[rows], ev["end_s"].to_numpy()[rows]
+        step_all, s_all, e_all = ev["step"].to_numpy(), ev["start_s"].to_numpy(), ev["end_s"].to_numpy()
+        rows = np.flatnonzero(np.isin(step_all, kept))
+        s, e = s_all[rows], e_all[rows]
         tie = s[1:] == s[:-1]
         if (s[1:] < s[:-1]).any() or (e[1:][tie] < e[:-1][tie]).any():
             rows = rows[np.lexsort((e, s))]
-        ev = ev.take(rows) if len(rows) != len(ev) or (rows != np.arange(len(ev))).any() else ev.copy(deep=False)
+        if len(rows) != len(ev) or (rows != np.arange(len(ev))).any():
+            ev = ev.take(rows)
+            step_all, s_all, e_all = step_all[rows], s_all[rows], e_all[rows]
+        else:
+            ev = ev.copy(deep=False)
         ev.index = pd.RangeIndex(len(ev))
+        # the summaries read these columns again: handed over, not read twice
+        cols = _EventColumns(ev, {"step": step_all, "start_s": s_all, "end_s": e_all})
         if "run" in meta:
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
             run = pa.scalar(str(meta["run"]), type=pa.large_string())
             if not pc.all(pc.equal(pa.array(ev["run"].array), run), skip_nulls=False).as_py():
                 ev["run"] = pd.arrays.ArrowStringArray(pa.repeat(run, len(ev)))
@@ -319,8 +381,8 @@ class Run:
         mem = memory
         meta["warmup_dropped"] = int(warmup)
         meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-        meta["steps_measured"] = len(bounds)
-        layers, steps = summarize_layers(ev, plan_layers), summarize_steps(ev, bounds)
+        meta["steps_measured"] = len(bstep)
+        layers, steps = _layers_summary(cols, plan_layers), _steps_summary(cols, bstep, bstart, bend)
         rank = meta.get("rank")
         if is_int(rank) and rank > 0:
             # one rank's own run of a torch.distributed job: its rows carry its rank
