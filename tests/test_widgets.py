@@ -538,7 +538,9 @@ def test_engines_tab_compares_on_demand_and_escapes(monkeypatch, wan14):
     assert "diffusers-group" in table and "sglang-layerwise" in table and "pinned (locked)" in table
     assert "&lt;img src=x onerror=alert(1)&gt;" in table and spec.name not in table
     assert len(ex.engines_out.outputs) == 1
-    assert "application/vnd.plotly.v1+json" in ex.engines_out.outputs[0]["data"]
+    # in a kernel the figure is a FigureWidget view, with its static HTML for an exported notebook
+    shown = ex.engines_out.outputs[0]["data"]
+    assert "application/vnd.jupyter.widget-view+json" in shown and "plotly-graph-div" in shown["text/html"]
     assert ex.message.startswith("engines compared (simulated)")
     ex.passes.value = 2
     assert ex.state.engines_frame is frame and "controls changed" in ex.engines_html.value
