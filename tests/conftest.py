@@ -178,3 +178,21 @@ def h200_main_runs(h200_runs) -> dict:
 def h200_loo_profiles(h200_main_runs) -> _LooProfiles:
     """The leave-one-out profiles of the numbered runs, each fitted once for the session."""
     return _LooProfiles(h200_main_runs)
+
+
+@pytest.fixture(scope="session")
+def demo_quick(tmp_path_factory):
+    """``offload-lab demo --quick --backend cpu`` run once as a real process in an empty temp
+    directory: ``(completed process, report path)``. The CLI test reads its output, the layout
+    test opens its report; a demo takes a while, so they share one."""
+    import sys
+
+    script = Path(sys.executable).parent / "offload-lab"  # the console script, else python -m, as test_cli
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "offload_lab"]
+    cwd = tmp_path_factory.mktemp("demo")
+    report = cwd / "tmp" / "report.html"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    r = subprocess.run([*command, "demo", "--quick", "--backend", "cpu", "--out", str(report)],
+                       capture_output=True, text=True, cwd=cwd, timeout=600, env=env)
+    return r, report

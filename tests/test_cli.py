@@ -162,11 +162,10 @@ def test_profile_simulate_report_round_trip(tmp_path: Path) -> None:
 
 # -- the main job -------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_demo_quick_end_to_end(tmp_path: Path) -> None:
-    r = cli("demo", "--quick", "--backend", "cpu", "--out", tmp_path / "tmp" / "report.html",
-            cwd=tmp_path, timeout=600)
+def test_demo_quick_end_to_end(demo_quick) -> None:
+    # the demo process is the session's (conftest.py): the layout test opens the same report
+    r, report = demo_quick
     assert r.returncode == 0, r.stderr
-    report = tmp_path / "tmp" / "report.html"
     html = report.read_text()
     assert 'id="comparison-table"' in html and "SIMULATED" in html
     for label in ("cpu: all pinned", "cpu: all pageable", "cpu: mapped", "cpu: half pinned",
