@@ -27,12 +27,15 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, loo: Any = None) -> int:
+    """Rebuild (or with ``--check`` compare) the profile; ``loo`` is ``held_out``'s table over the
+    same runs when the caller has it already (the test suite computes it once for several tests)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # several folders: the shipped runs and the ones a later session brought back (docs/gpu.md)
     ap.add_argument("--runs", nargs="+", default=[str(ROOT / "data/runs/h200-2026-12-01")])
@@ -69,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     effects = fit_effects(measured)
     curve = fit_curve(measured, False, None, None, effects)
     by_file = {p.stem: r for p, r in zip(files, runs.values()) if r.backend == "cuda"}
-    loo = held_out(by_file, schemes=("loo",))
+    if loo is None:
+        loo = held_out(by_file, schemes=("loo",))
+    elif sorted(loo["run"]) != sorted(by_file):
+        raise SystemExit(f"calibrate_h200: the held-out table given covers {sorted(loo['run'])}, "
+                         f"not the measured runs {sorted(by_file)}")
     step_error = float(loo["loo_err"].abs().max())
     # which regimes (issue order × copy class) the measured runs back, and each one's held-out
     # error: what every simulated run's evidence is looked up in

@@ -124,3 +124,75 @@ def tiny_loaded_reference(tiny_loaded):
     from tiny_pipelines import frames
 
     return frames(tiny_loaded)
+
+
+# -- the shipped H200 runs and their held-out fits, computed once per session ---------------------
+H200_RUNS = CHECKOUT / "data" / "runs" / "h200-2026-12-01"
+
+
+@pytest.fixture(scope="session")
+def h200_runs() -> dict:
+    """Every shipped H200 run (``data/runs/h200-2026-12-01/*.zip``) by file stem, loaded once."""
+    if not H200_RUNS.exists():
+        pytest.skip("the shipped H200 runs are not in this checkout")
+    from offload_lab import Run
+
+    return {f.stem: Run.load(f) for f in sorted(H200_RUNS.glob("*.zip"))}
+
+
+@pytest.fixture(scope="session")
+def h200_main_held_out(h200_main_runs):
+    """``held_out`` (every scheme) over the main stage's runs, the numbered files: the very runs
+    ``scripts/calibrate_h200.py`` fits. One profile per run and scheme takes seconds each, so the
+    tests that read the table share it; they must not edit it."""
+    from offload_lab.simulation.heldout import held_out
+
+    return held_out(h200_main_runs)
+
+
+class _LooProfiles(dict):
+    """Run name -> the profile ``heldout.fit`` makes from the other numbered runs (a leave-one-out
+    fold), fitted the first time a test asks for it."""
+
+    def __init__(self, runs: dict) -> None:
+        super().__init__()
+        self.runs = runs
+
+    def __missing__(self, name: str):
+        from offload_lab.simulation.calibration import tokens_of
+        from offload_lab.simulation.heldout import fit
+
+        run = self.runs[name]
+        prof = fit([r for n, r in self.runs.items() if n != name], run.meta.get("model"), tokens_of(run))
+        self[name] = prof
+        return prof
+
+
+@pytest.fixture(scope="session")
+def h200_main_runs(h200_runs) -> dict:
+    """The main stage's shipped H200 runs (the numbered files), what the profile is fitted on."""
+    return {n: r for n, r in h200_runs.items() if n[:1].isdigit()}
+
+
+@pytest.fixture(scope="session")
+def h200_loo_profiles(h200_main_runs) -> _LooProfiles:
+    """The leave-one-out profiles of the numbered runs, each fitted once for the session."""
+    return _LooProfiles(h200_main_runs)
+
+
+@pytest.fixture(scope="session")
+def demo_quick(tmp_path_factory):
+    """``offload-lab demo --quick --backend cpu`` run once as a real process in an empty temp
+    directory: ``(completed process, report path)``. The CLI test reads its output, the layout
+    test opens its report; a demo takes a while, so they share one."""
+    import sys
+
+    script = Path(sys.executable).parent / "offload-lab"  # the console script, else python -m, as test_cli
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "offload_lab"]
+    cwd = tmp_path_factory.mktemp("demo")
+    report = cwd / "tmp" / "report.html"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    r = subprocess.run([*command, "demo", "--quick", "--backend", "cpu", "--out", str(report)],
+                       capture_output=True, text=True, cwd=cwd, timeout=600, env=env)
+    return r, report

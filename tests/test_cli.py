@@ -162,11 +162,10 @@ def test_profile_simulate_report_round_trip(tmp_path: Path) -> None:
 
 # -- the main job -------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_demo_quick_end_to_end(tmp_path: Path) -> None:
-    r = cli("demo", "--quick", "--backend", "cpu", "--out", tmp_path / "tmp" / "report.html",
-            cwd=tmp_path, timeout=600)
+def test_demo_quick_end_to_end(demo_quick) -> None:
+    # the demo process is the session's (conftest.py): the layout test opens the same report
+    r, report = demo_quick
     assert r.returncode == 0, r.stderr
-    report = tmp_path / "tmp" / "report.html"
     html = report.read_text()
     assert 'id="comparison-table"' in html and "SIMULATED" in html
     for label in ("cpu: all pinned", "cpu: all pageable", "cpu: mapped", "cpu: half pinned",
@@ -179,24 +178,29 @@ def test_demo_quick_end_to_end(tmp_path: Path) -> None:
     assert "MEASURED on NVIDIA H200" in r.stdout and "1.3B pageable p1" in html
 
 
-def test_report_without_plotly_is_one_clear_line(tmp_path: Path) -> None:
-    # the GPU machines have torch and pandas but no plotly: say so instead of a traceback
-    s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--steps", "1", "--out", tmp_path / "sim.zip")
+@pytest.fixture(scope="module")
+def sim_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``simulate`` run file for the report tests that only read it (one process, not one each)."""
+    out = tmp_path_factory.mktemp("cli-sim") / "sim.zip"
+    s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--steps", "1", "--out", out)
     assert s.returncode == 0, s.stderr
+    return out
+
+
+def test_report_without_plotly_is_one_clear_line(sim_zip: Path, tmp_path: Path) -> None:
+    # the GPU machines have torch and pandas but no plotly: say so instead of a traceback
     code = ("import sys; sys.modules['plotly'] = None\n"
             "from offload_lab.cli.app import main\n"
-            f"sys.exit(main(['report', {str(tmp_path / 'sim.zip')!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
+            f"sys.exit(main(['report', {str(sim_zip)!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert_one_line_error(r, "plotly is not installed")
     assert not (tmp_path / "r.html").exists()
 
 
-def test_report_reads_profiler_traces_beside_runs(tmp_path: Path) -> None:
+def test_report_reads_profiler_traces_beside_runs(sim_zip: Path, tmp_path: Path) -> None:
     trace = Path(__file__).parent / "data" / "traces" / "h200_offload_trace.json.gz"
-    s = cli("simulate", "wan2.1-t2v-1.3b", "--device", "h200", "--steps", "1", "--out", tmp_path / "sim.zip")
-    assert s.returncode == 0, s.stderr
-    r = cli("report", tmp_path / "sim.zip", trace, "--out", tmp_path / "mix.html")
+    r = cli("report", sim_zip, trace, "--out", tmp_path / "mix.html")
     assert r.returncode == 0, r.stderr
     assert "h200_offload_trace" in r.stdout and "3 pinned, 3 pageable" in r.stdout
     (tmp_path / "cut.json").write_text('{"traceEvents": [')

@@ -26,7 +26,6 @@ import pytest
 import offload_lab as ol
 from offload_lab.simulation import plan_of_run
 from offload_lab.simulation.calibration import spec_of_run, tokens_of
-from offload_lab.simulation.heldout import fit
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "data" / "runs" / "h200-2026-12-01"
@@ -79,20 +78,16 @@ def shares(run: ol.Run) -> pd.Series:
     return r[list(RELATIONS)].astype(float).mean() if len(r) else pd.Series(dtype=float)
 
 
-def _h200_runs() -> dict[str, ol.Run]:
-    return {p.stem: ol.Run.load(p) for p in sorted(H200.glob("[01][0-9]-*.zip"))}
-
-
 @pytest.fixture(scope="module")
-def h200() -> dict[str, ol.Run]:
-    if not H200.exists():
-        pytest.skip("the shipped H200 runs are not in this checkout")
-    return _h200_runs()
+def h200(h200_main_runs) -> dict[str, ol.Run]:
+    # the numbered runs ([01][0-9]-*.zip), loaded once for the session (conftest.py)
+    return h200_main_runs
 
 
-def _held_out_simulation(name: str, runs: dict[str, ol.Run]) -> ol.Run:
+def _held_out_simulation(name: str, runs: dict[str, ol.Run], profiles: dict) -> ol.Run:
     run = runs[name]
-    prof = fit([r for n, r in runs.items() if n != name], run.meta.get("model"), tokens_of(run))
+    # heldout.fit over every other run: the session's leave-one-out fold for this run
+    prof = profiles[name]
     _, plan = plan_of_run(run, spec=spec_of_run(run))
     warm = int(run.meta.get("warmup_dropped", 0) or 0)
     return ol.simulate(plan, prof, steps=len(run.steps) + warm, warmup=warm, tokens=tokens_of(run))
@@ -116,9 +111,9 @@ def test_the_relations_tell_the_tiers_apart(h200):
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in H200.glob("[01][0-9]-*.zip")))
-def test_h200_event_order_is_predicted_held_out(h200, name):
+def test_h200_event_order_is_predicted_held_out(h200, h200_loo_profiles, name):
     run = h200[name]
-    sim = _held_out_simulation(name, h200)
+    sim = _held_out_simulation(name, h200, h200_loo_profiles)
     assert sim.simulated and sim.meta["issue"] == "before-compute"
     got, want = relations(sim), relations(run)
     assert len(got) == len(want), (len(got), len(want))  # the same layers copy in both

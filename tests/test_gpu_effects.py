@@ -104,13 +104,11 @@ def test_effects_from_must_be_runs_of_the_same_backend():
         ol.calibrate(run, effects_from=[cpu])
 
 
-@pytest.mark.skipif(not H200.exists(), reason="the shipped H200 runs are not in this checkout")
-def test_held_out_14b_pageable_blocks_follow_the_idle_gap():
-    from offload_lab.simulation.heldout import fit
-
-    runs = {f.stem: ol.Run.load(f) for f in sorted(H200.glob("[01]*.zip"))}
+def test_held_out_14b_pageable_blocks_follow_the_idle_gap(h200_main_runs, h200_loo_profiles):
+    runs = dict(h200_main_runs)  # the numbered runs ([01]*.zip)
     target = runs.pop("11-14B_pageable_p1")
-    prof = fit(list(runs.values()), target.meta["model"], tokens_of(target))
+    # heldout.fit over the ten other runs, fitted once for the session (conftest.py)
+    prof = h200_loo_profiles["11-14B_pageable_p1"]
     _, plan = plan_of_run(target, spec=spec_of_run(target))
     predicted = float(np.median(_blocks(ol.simulate(plan, prof, steps=3, tokens=tokens_of(target)))))
     measured = float(np.median(_blocks(target)))

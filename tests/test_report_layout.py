@@ -8,15 +8,12 @@ diffusers pipeline run on the cpu backend.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import warnings
 
 import pytest
 
 import offload_lab
 from offload_lab import catalog
-from offload_lab.cli.app import main as cli_main
 
 # per figure: its id, the pin ranks its tier-map bars print, and how many layers are pinned
 RANK_TEXT = """[...document.querySelectorAll('.plotly-graph-div.js-plotly-plot')]
@@ -52,7 +49,7 @@ def _pipeline_report(pipe, path):
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory, tiny_pipe):
+def pages(tmp_path_factory, tiny_pipe, demo_quick):
     """The three reports, written to a temp dir and opened in one browser."""
     from browser import FIGURE_LAYOUT, Visit, chromium_available, open_pages
 
@@ -60,9 +57,9 @@ def pages(tmp_path_factory, tiny_pipe):
     if why:
         pytest.fail(f"browser test cannot run: {why}")
     d = tmp_path_factory.mktemp("layout")
-    demo = d / "demo.html"
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert cli_main(["demo", "--quick", "--backend", "cpu", "--out", str(demo)]) == 0
+    # the demo's report from the session's one `demo --quick` process (conftest.py)
+    proc, demo = demo_quick
+    assert proc.returncode == 0, proc.stderr
     reports = {"demo": (None, demo), "h3": _h3_report(d / "h3.html"),
                "pipeline": _pipeline_report(tiny_pipe, d / "pipeline.html")}
     probes = {"layout": FIGURE_LAYOUT, "ranks": RANK_TEXT, "legends": LEGENDS}

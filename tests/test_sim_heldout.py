@@ -18,7 +18,6 @@ from offload_lab.simulation.heldout import held_out
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "runs"
-H200 = ROOT / "data" / "runs" / "h200-2026-12-01"
 
 
 def _fixture_runs() -> dict[str, ol.Run]:
@@ -77,10 +76,9 @@ def test_a_tier_no_training_run_copied_from_is_not_predicted():
     assert not math.isnan(t.loc["pinned-p1", "loo_ms"])
 
 
-@pytest.mark.skipif(not H200.exists(), reason="the shipped H200 runs are not in this checkout")
-def test_the_shipped_h200_runs_are_predicted_across_model_sizes():
-    runs = {f.stem: ol.Run.load(f) for f in sorted(H200.glob("[0-9]*.zip"))}
-    t = held_out(runs).set_index("run")
+def test_the_shipped_h200_runs_are_predicted_across_model_sizes(h200_main_held_out):
+    # held_out over the numbered runs ([0-9]*.zip), computed once for the session (conftest.py)
+    t = h200_main_held_out.set_index("run")
     # 1.3B <-> 14B at 480p: a compute rate carried over as TFLOP/s, bandwidths from the other size
     big = t.loc[["10-14B_pinned_p1", "11-14B_pageable_p1"], "model_err"]
     assert big.abs().max() <= 0.15
@@ -117,12 +115,11 @@ def test_two_token_counts_recover_a_known_compute_curve():
 
 
 @pytest.fixture(scope="module")
-def h200_table():
-    runs = {f.stem: ol.Run.load(f) for f in sorted(H200.glob("*.zip"))}
-    return held_out({n: r for n, r in runs.items() if r.backend == "cuda"}).set_index("run")
+def h200_table(h200_runs):
+    # every measured cuda run, the later diffusers-* stage's included: not the session's table
+    return held_out({n: r for n, r in h200_runs.items() if r.backend == "cuda"}).set_index("run")
 
 
-@pytest.mark.skipif(not H200.exists(), reason="the shipped H200 runs are not in this checkout")
 def test_h200_held_out_targets(h200_table):
     t = h200_table
     at480 = t[t["tokens"] == 32760]
