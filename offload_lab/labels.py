@@ -13,10 +13,30 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["SIM_MARK", "strip_simulated", "with_part"]
+__all__ = ["SIM_MARK", "SIM_SUFFIX", "display_label", "strip_simulated", "with_part"]
 
 #: a label's ``(simulated)`` / ``(sim)`` mark, with the spaces around it
 SIM_MARK = re.compile(r"\s*\((?:simulated|sim)\)\s*", re.I)
+#: what a view adds to a simulated run's label
+SIM_SUFFIX = " (simulated)"
+
+
+def display_label(run: Any, label: str | None = None) -> str:
+    """A run's label as every view shows it: a simulated run's says ``(simulated)``, once.
+
+    ``run`` is anything with ``label`` and ``simulated`` (an :class:`offload_lab.Run`). The
+    stored label never carries the mark (``run.meta["simulated"]`` says it); a label that names
+    the simulation itself (``"simulated · predicted"``) gets no second mark. ``label`` replaces
+    the stored one (a view that adds a part to it, such as the issue order).
+
+    >>> from types import SimpleNamespace as Run
+    >>> display_label(Run(label="pinned", simulated=True)), display_label(Run(label="p1", simulated=False))
+    ('pinned (simulated)', 'p1')
+    """
+    label = run.label if label is None else str(label)
+    if run.simulated and "simulated" not in label.lower():
+        return label + SIM_SUFFIX
+    return label
 
 
 def strip_simulated(label: Any) -> str:

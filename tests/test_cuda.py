@@ -25,9 +25,9 @@ def _gpu_check():
 
 def test_cuda_path_imports():
     from offload_lab.record.runtime.backends import CudaBackend
-    from offload_lab.record.runtime.stores import _exact_pinned
+    from offload_lab.record.runtime.stores import exact_pinned
 
-    assert callable(_exact_pinned) and CudaBackend.name == "cuda"
+    assert callable(exact_pinned) and CudaBackend.name == "cuda"
     assert callable(_gpu_check().smoke)
 
 

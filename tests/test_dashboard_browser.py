@@ -184,9 +184,8 @@ def _check_tabs_switch(page, when: str) -> None:
         assert _panel_holds(i, state), f"{when}: tab {TAB_NAMES[i]!r} shows {state}"
 
 
-def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
-    page = _open(lab, context)
-    kid = _wait_kernel_idle(lab, page)
+def _run_cell(lab, page) -> None:
+    """Run the notebook's one cell and wait for the dashboard's tabs (or say what it printed)."""
     page.click(".jp-Cell .jp-InputArea-editor")
     page.keyboard.press("Shift+Enter")
     try:
@@ -194,6 +193,12 @@ def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
     except Exception:
         raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
                              f"server log: {lab.log_tail()}") from None
+
+
+def test_tabs_switch_after_reload_reopen_and_kernel_restart(lab, context):
+    page = _open(lab, context)
+    kid = _wait_kernel_idle(lab, page)
+    _run_cell(lab, page)
     _check_tabs_switch(page, "first run")
     assert RERUN_NOTE in page.evaluate(NOTICE_JS)
 
@@ -327,13 +332,7 @@ def test_dashboards_show_the_issue_order_and_every_tab_reads(lab, context, name,
                   wait_until="domcontentloaded")
         page.wait_for_selector(".jp-Notebook .jp-Cell")
         _wait_kernel_idle(lab, page, CELL_MS / 1000, path)  # a kernel starts slowly on a busy machine
-        page.click(".jp-Cell .jp-InputArea-editor")
-        page.keyboard.press("Shift+Enter")
-        try:
-            page.wait_for_selector(TABS, state="visible", timeout=CELL_MS)
-        except Exception:
-            raise AssertionError(f"no dashboard; the cell's output: {page.evaluate(OUTPUT_TEXT_JS)!r}; "
-                                 f"server log: {lab.log_tail()}") from None
+        _run_cell(lab, page)
         page.wait_for_function(STATUS_HAS_JS, arg=["simulated on"], timeout=CELL_MS)
         assert RERUN_NOTE in page.evaluate(NOTICE_JS)
         assert page.evaluate(ISSUE_JS) == ["after-compute", "before-compute"]

@@ -45,13 +45,13 @@ SCRIPT = textwrap.dedent(r'''
     setup = cell("""
     import torch, offload_lab
     from offload_lab import catalog, synthetic
-    from offload_lab.record.runtime.manager import _ACTIVE
+    from offload_lab.record.runtime.manager import ACTIVE
     model = synthetic.build(catalog.load("wan2.1-t2v-1.3b"), scale=0.05, layers=3)
     inputs = synthetic.example_inputs(model, tokens=32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     def restored():
         return (all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-                and model not in _ACTIVE)
+                and model not in ACTIVE)
     calls = []
     def record(*args, **kw):
         calls.append([list(args), kw])

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from offload_lab.labels import display_label
 from offload_lab.writing import atomic_write
 
 __all__ = ["to_chrome_trace", "STREAM_ORDER", "TracedRun"]
@@ -76,15 +77,10 @@ _COUNTERS = {"device memory": ("device_bytes",),
 _US = 1e6
 
 
-def _kind_word(run: TracedRun) -> str:
-    return "simulated" if run.simulated else "measured"
-
-
 def _process_name(run: TracedRun, rank: int) -> str:
-    label = run.label
-    kind = _kind_word(run)
-    # the views' rule (display_label): the kind is named once, unless the label names it
-    tag = "" if kind in label.lower() else f" ({kind})"
+    # display_label marks a simulated run; a measured one says so here
+    label = display_label(run)
+    tag = "" if run.simulated or "measured" in label.lower() else " (measured)"
     return f"{label}{tag} · rank {rank} · {run.backend}"
 
 
@@ -197,7 +193,7 @@ def to_chrome_trace(run: TracedRun, path: str | os.PathLike | None = None) -> di
     for pid in pids:
         meta.append(_metadata(pid, 0, "process_name", {"name": _process_name(run, pid - 1)}))
         meta.append(_metadata(pid, 0, "process_sort_index", {"sort_index": pid}))
-        meta.append(_metadata(pid, 0, "process_labels", {"labels": _kind_word(run)}))
+        meta.append(_metadata(pid, 0, "process_labels", {"labels": "simulated" if run.simulated else "measured"}))
     for pid, tid, st, lane in sorted(tracks):
         name = f"{st} stream" + (f" ({lane + 1})" if lane else "")
         meta.append(_metadata(pid, tid, "thread_name", {"name": name}))

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offload_lab.checks import is_int
+from offload_lab.labels import SIM_SUFFIX, display_label
 from offload_lab.reading import MAX_RUN_FILE_BYTES, InputFileError, open_binary
 from offload_lab.record.chrome_trace import to_chrome_trace
 from offload_lab.record.schema import (
@@ -512,9 +513,6 @@ class Run:
         return to_chrome_trace(self, path)
 
 
-_SIM_SUFFIX = " (simulated)"
-
-
 def _normalised(meta: dict[str, Any]) -> dict[str, Any]:
     """``meta`` with "simulated" said once, in ``meta["simulated"]``.
 
@@ -526,29 +524,11 @@ def _normalised(meta: dict[str, Any]) -> dict[str, Any]:
     if meta["simulated"]:
         for key in ("label", "device_name"):
             v = meta.get(key)
-            if isinstance(v, str) and v.endswith(_SIM_SUFFIX) and len(v) > len(_SIM_SUFFIX):
-                meta[key] = v[: -len(_SIM_SUFFIX)]
+            if isinstance(v, str) and v.endswith(SIM_SUFFIX) and len(v) > len(SIM_SUFFIX):
+                meta[key] = v[: -len(SIM_SUFFIX)]
     return meta
 
 
-def display_label(run: Run, label: str | None = None) -> str:
-    """A run's label as every view shows it: a simulated run's says ``(simulated)``, once.
-
-    The stored label never carries it (``run.meta["simulated"]`` says it); a label that names
-    the simulation itself (``"simulated · predicted"``) gets no second mark. ``label`` replaces
-    the stored one (a view that adds a part to it, such as the issue order).
-
-    >>> import offload_lab
-    >>> spec = offload_lab.catalog.load("wan2.1-t2v-1.3b")
-    >>> plan = offload_lab.plan(spec, tier="pinned", host=offload_lab.HostMemory(available="64GiB"))
-    >>> run = offload_lab.simulate(plan, "h200", steps=1, label="pinned")
-    >>> run.label, display_label(run)
-    ('pinned', 'pinned (simulated)')
-    """
-    label = run.label if label is None else str(label)
-    if run.simulated and "simulated" not in label.lower():
-        return label + _SIM_SUFFIX
-    return label
 
 
 def _zip_path(path: Path) -> Path:

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 #: the models (and pipeline components) under a manager right now
 ACTIVE: weakref.WeakSet = weakref.WeakSet()
-_ACTIVE = ACTIVE  # the name older callers import
 INIT_STRATEGIES = vocabulary.INIT_STRATEGIES
 MEMORY_SAMPLE_S = 0.002
 BACKENDS = vocabulary.BACKENDS

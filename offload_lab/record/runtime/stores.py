@@ -179,7 +179,6 @@ def unpin(raw: torch.Tensor) -> None:
     torch.cuda.cudart().cudaHostUnregister(raw.data_ptr())
 
 
-_exact_pinned, _unpin = exact_pinned, unpin  # the names older callers import
 
 
 @dataclass
