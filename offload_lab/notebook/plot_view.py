@@ -80,6 +80,7 @@ async function render({ model, el }) {
         again = false;
         const fig = JSON.parse(model.get("figure_json") || "{}");
         await Plotly.react(gd, fig.data || [], fig.layout || {}, CONFIG);
+        gd.dataset.figures = String(Number(gd.dataset.figures || 0) + 1);  // figures drawn here
       } while (again);
       if (!heard) {
         heard = true;
