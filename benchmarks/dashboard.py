@@ -5,12 +5,14 @@ notebook cell is run in JupyterLab in headless Chromium (the project's browser t
 ``tests/browser.py``), then each control change of :data:`CHANGES` is made in the page as a
 user makes it (a dropdown chosen, a slider's readout typed and Enter pressed) and timed in the
 page from the change to the first animation frame in which the Timeline tab shows a new,
-drawn plotly figure, or the figure on display redrawn in place (plotly.js's ``plotly_afterplot``
-after a ``FigureWidget`` update). Prints the median and the max per dashboard with the machine's load
-average (the kernel and the browser share its cores; a busy machine reads slower)::
+drawn plotly figure, or the figure on display redrawn in place with a new figure (the count of
+figures a ``PlotView`` drew; plotly.js's ``plotly_afterplot`` for an older checkout's
+``FigureWidget``). Prints the median and the max per dashboard with the machine's load average
+(the kernel and the browser share its cores; a busy machine reads slower)::
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/dashboard.py            # both dashboards
     PYTHONPATH=$PWD .venv/bin/python benchmarks/dashboard.py minimax-h3 --repeat 2
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/dashboard.py minimax-h3 --messages  # and what the page received
 
 Speed is measured here, never asserted in a test.
 """
@@ -61,10 +63,11 @@ _FIND = """(d) => [...document.querySelectorAll('.jp-OutputArea .widget-inline-h
   .find(w => { const l = w.querySelector(':scope > .widget-label');
                return l && l.textContent.trim().startsWith(d); })"""
 _TIMELINE = "document.querySelector('.jp-OutputArea .widget-tab .widget-tab-contents').children[0]"
-# mark the figures on display (and hear when plotly.js redraws one in place: a FigureWidget's
-# update), and start the clock
+# mark the figures on display (and hear when plotly.js redraws one in place: the figure's widget
+# got a new figure), and start the clock
 _ARM = f"""() => {{ const p = {_TIMELINE};
   p.querySelectorAll('.js-plotly-plot').forEach(e => {{ e.dataset.benchOld = '1'; e.__benchRedrawn = false;
+    e.__benchFigures = e.dataset.figures;
     if (!e.__benchHeard && e.on) {{ e.on('plotly_afterplot', () => {{ e.__benchRedrawn = true; }}); e.__benchHeard = true; }} }});
   window.__benchIdle = null; window.__benchBusy = false;
   const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
@@ -83,10 +86,25 @@ _SELECT = f"""([d, text]) => {{ const w = ({_FIND})(d); const s = w.querySelecto
 # nothing then): minus the time to the kernel's idle, once nothing was drawn for 1 s after it
 # (else null)
 _DRAWN = f"""() => {{ const p = {_TIMELINE};
-  const fresh = [...p.querySelectorAll('.js-plotly-plot')].filter(e => (!e.dataset.benchOld || e.__benchRedrawn) && e.querySelector('.main-svg .bars, .main-svg .plot'));
+  // a PlotView counts the figures it drew (a resize redraws too, and is no new figure)
+  const redrawn = e => e.dataset.figures === undefined ? e.__benchRedrawn : e.dataset.figures !== e.__benchFigures;
+  const fresh = [...p.querySelectorAll('.js-plotly-plot')].filter(e => (!e.dataset.benchOld || redrawn(e)) && e.querySelector('.main-svg .bars, .main-svg .plot'));
   if (fresh.length) return performance.now() - window.__benchT0;
   const idle = window.__benchIdle;
   return idle !== null && performance.now() - idle > 1000 ? -(idle - window.__benchT0) : null; }}"""
+
+
+# every message the page receives from the server: (time, size), for --messages
+_HEAR_WS = """(() => { const Ws = window.WebSocket; window.__benchWs = [];
+  window.WebSocket = function (...a) { const ws = new Ws(...a);
+    ws.addEventListener('message', (e) => { const d = e.data;
+      window.__benchWs.push([performance.now(), typeof d === 'string' ? d.length : (d.byteLength || d.size || 0)]); });
+    return ws; };
+  window.WebSocket.prototype = Ws.prototype; Object.assign(window.WebSocket, Ws); })();"""
+# the messages since the clock started: how many, and when the largest arrived (ms) and its size
+_HEARD = """() => { const m = window.__benchWs.filter(([t]) => t >= window.__benchT0);
+  const big = m.reduce((a, b) => (b[1] > a[1] ? b : a), [window.__benchT0, 0]);
+  return [m.length, big[0] - window.__benchT0, big[1]]; }"""
 
 
 def _notebook(root: Path, name: str) -> str:
@@ -113,9 +131,10 @@ def _wait_idle(lab, page, path: str, timeout_s: float = 120.0) -> None:
     raise TimeoutError(f"kernel of {path} not idle after {timeout_s:.0f} s: {lab.log_tail()}")
 
 
-def measure(page, changes: list[tuple[str, str, str]]) -> list[float]:
+def measure(page, changes: list[tuple[str, str, str]], messages: bool = False) -> list[float]:
     """Make each change in the page; the ms from each to its redrawn timeline (negative: to the
-    kernel's idle, for a change that left the timeline as it was shown)."""
+    kernel's idle, for a change that left the timeline as it was shown). ``messages``: also
+    print, per change, the messages the page received (the page must hear its websocket)."""
     times = []
     for desc, kind, value in changes:
         if kind == "select":
@@ -130,11 +149,15 @@ def measure(page, changes: list[tuple[str, str, str]]) -> list[float]:
         handle = page.wait_for_function(_DRAWN, polling="raf", timeout=STEP_MS)
         times.append(float(handle.json_value()))
         page.wait_for_timeout(300)  # let the kernel's last messages (status line) land
+        if messages:
+            n, at, size = page.evaluate(_HEARD)
+            print(f"  {desc} -> {value}: redrawn at {times[-1]:.0f} ms; {n} messages received, the "
+                  f"largest ({size / 1000:.0f} kB) at {at:.0f} ms", flush=True)
     return times
 
 
 def run(models: list[str], repeat: int = 1, repo: Path = REPO,
-        changes: list[tuple[str, str, str]] = CHANGES) -> dict[str, list[float]]:
+        changes: list[tuple[str, str, str]] = CHANGES, messages: bool = False) -> dict[str, list[float]]:
     from browser import CHROMIUM, CHROMIUM_ARGS, JupyterLab, free_port
     from playwright.sync_api import sync_playwright
 
@@ -154,6 +177,8 @@ def run(models: list[str], repeat: int = 1, repo: Path = REPO,
                           or r.request.url.split(":", 1)[0] in ("data", "blob", "about") else r.abort())
                 for i, m in enumerate(models):
                     page = ctx.new_page()
+                    if messages:
+                        page.add_init_script(_HEAR_WS)
                     # a workspace of its own, reset: the page shows this notebook alone
                     page.goto(f"{lab.url}/lab/workspaces/bench{i}/tree/{paths[m]}?reset&token={lab.token}",
                               wait_until="domcontentloaded")
@@ -165,7 +190,7 @@ def run(models: list[str], repeat: int = 1, repo: Path = REPO,
                     page.wait_for_function(f"() => {_TIMELINE}.querySelector('.js-plotly-plot .main-svg')",
                                            timeout=CELL_MS)
                     _wait_idle(lab, page, paths[m])
-                    out[m] = [t for _ in range(repeat) for t in measure(page, changes)]
+                    out[m] = [t for _ in range(repeat) for t in measure(page, changes, messages)]
                     print(f"{m}: {', '.join(f'{t:.0f}' for t in out[m])} ms", flush=True)
                     page.close()
                 browser.close()
@@ -183,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the checkout whose offload_lab the kernel imports (default: this one)")
     ap.add_argument("--changes", choices=("all", "common"), default="all",
                     help="common: only controls older dashboards have too (tier, prefetch, budget, pin order)")
+    ap.add_argument("--messages", action="store_true",
+                    help="also print, per change, how many messages the page received and when the largest came")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
-    times = run(args.models, args.repeat, args.repo.resolve(), CHANGES if args.changes == "all" else COMMON)
+    times = run(args.models, args.repeat, args.repo.resolve(), CHANGES if args.changes == "all" else COMMON,
+                args.messages)
     load1 = os.getloadavg()
     print(f"kernel imports {args.repo.resolve()}; changes: {args.changes}")
     print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "

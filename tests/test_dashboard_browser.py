@@ -180,7 +180,10 @@ def _check_tabs_switch(page, when: str) -> None:
         except Exception:
             raise AssertionError(f"{when}: clicking tab {TAB_NAMES[i]!r} did not show its panel: "
                                  f"{page.evaluate(STATE_JS)}") from None
-        state = page.evaluate(STATE_JS)
+        # a figure is drawn once the page has plotly.js: the first view of a fresh page loads it
+        deadline = time.monotonic() + SWITCH_MS / 1000
+        while not _panel_holds(i, state := page.evaluate(STATE_JS)) and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
         assert _panel_holds(i, state), f"{when}: tab {TAB_NAMES[i]!r} shows {state}"
 
 
@@ -310,6 +313,32 @@ def _tab_layouts(page, name: str, shots: Path) -> list[str]:
     return problems
 
 
+# the "front plan" dropdown's choice, and the centres of the points of the visible panel's plot
+FRONT_CHOICE_JS = """() => { const w = [...document.querySelectorAll('.jp-OutputArea .widget-inline-hbox')]
+  .find(w => w.querySelector(':scope > .widget-label')?.textContent.trim().startsWith('front plan'));
+  return w.querySelector('select').selectedIndex; }"""
+PANEL_POINTS_JS = """() => { const k = [...document.querySelectorAll('.jp-OutputArea .widget-tab-contents > *')]
+  .find(c => c.offsetWidth > 0); const gd = k.querySelector('.js-plotly-plot'); gd.scrollIntoView();
+  return [...gd.querySelectorAll('.scatterlayer .trace .points path')].map(p => {
+    const r = p.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }); }"""
+
+
+def _click_front_points(page) -> bool:
+    """Click points of the Recommend tab's plot as a user does, until one loads another plan
+    (the front plan dropdown changes); False if none did."""
+    page.locator(f"{TABS} .lm-TabBar-tab").nth(TAB_NAMES.index("Recommend")).click(timeout=SWITCH_MS)
+    before = page.evaluate(FRONT_CHOICE_JS)
+    for x, y in page.evaluate(PANEL_POINTS_JS)[:4]:
+        page.mouse.move(x, y)
+        page.mouse.click(x, y)
+        try:
+            page.wait_for_function(f"() => ({FRONT_CHOICE_JS})() !== {before}", timeout=5000)
+            return True
+        except Exception:
+            continue
+    return False
+
+
 @pytest.mark.parametrize("name", DASHBOARDS)
 def test_dashboards_show_the_issue_order_and_every_tab_reads(lab, context, name, tmp_path):
     import nbformat
@@ -354,5 +383,7 @@ def test_dashboards_show_the_issue_order_and_every_tab_reads(lab, context, name,
         except Exception:
             raise AssertionError(f"the status does not say unconfirmed: {page.evaluate(OUTPUT_TEXT_JS)!r}") from None
         assert page.evaluate(CLIPPED_JS) == []  # a longer status line moves nothing into a cut
+        # a click on a point of the plans tried loads that plan
+        assert _click_front_points(page), "no click on the Recommend plot loaded a plan"
     finally:
         page.close()

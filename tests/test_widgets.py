@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 import warnings
@@ -330,10 +331,11 @@ def test_outputs_hold_figures_in_a_kernel(monkeypatch, wan14):
 
 
 def test_figures_drawn_by_a_page_are_updated_in_place(monkeypatch, wan14):
-    """Once a page has drawn a FigureWidget, a new timeline reaches it as a diff: the output is
-    not sent again, and the widget holds the new figure; without a page, figures are sent whole."""
-    go = pytest.importorskip("plotly.graph_objects")
+    """Once a page has drawn a figure's view, a new timeline reaches it in place: the output is
+    not sent again, and the view holds the new figure; without a page, figures are sent whole."""
     pytest.importorskip("anywidget")
+    from offload_lab.notebook.plot_view import PlotView
+
     monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
     ex = PlanExplorer(wan14, host="64GiB", live=True)
     first = ex.timeline_out.outputs
@@ -343,15 +345,53 @@ def test_figures_drawn_by_a_page_are_updated_in_place(monkeypatch, wan14):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the registry of live widgets, by model id
         widget = W.Widget.widgets[model]
-    assert isinstance(widget, go.FigureWidget)
-    # what the page's view sends once it has drawn the figure
-    widget._js2py_traceDeltas = {"trace_deltas": [], "trace_edit_id": -1}
+    assert isinstance(widget, PlotView)
+    sent = widget.figure_json
+    # what the page's view says once it has drawn the figure
+    widget.set_state({"drawn": 1})
     shown = ex.timeline_out.outputs
     ex.issue.value = "before-compute"
-    assert ex.timeline_out.outputs is shown  # nothing re-sent: the widget was updated
+    assert ex.timeline_out.outputs is shown  # nothing re-sent: the view was given the new figure
     new = ex.figures["timeline"]
-    assert widget.layout.title.text == new.layout.title.text
-    assert [t.name for t in widget.data] == [t.name for t in new.data]
+    assert widget.figure is new and widget.figure_json != sent
+    assert json.loads(widget.figure_json)["layout"]["title"]["text"] == new.layout.title.text
+    assert [t["name"] for t in json.loads(widget.figure_json)["data"]] == [t.name for t in new.data]
+
+
+def _from_page(widget, content: dict) -> None:
+    """Deliver a custom message to ``widget`` as the kernel does one from the page's view."""
+    widget.comm.handle_msg({"content": {"comm_id": widget.comm.comm_id,
+                                        "data": {"method": "custom", "content": content}}, "buffers": []})
+
+
+def test_views_share_one_plotly_and_a_click_on_the_front_loads_its_plan(monkeypatch):
+    """Every figure view refers to one plotly.js holder (the saved state keeps it once), and a
+    click the page reports on a point of the front loads that point's plan; a click naming no
+    point on display is ignored."""
+    pytest.importorskip("anywidget")
+    from offload_lab.notebook import plot_view
+
+    monkeypatch.setattr("offload_lab.notebook.display._in_kernel", lambda: True)
+    ex = PlanExplorer("wan2.1-t2v-14b", profile="rtx4090-pcie4", host="64GiB", live=True)
+    ex.recommend_button.click()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the registry of live widgets, by model id
+        views = [W.Widget.widgets[o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]]
+                 for out in (ex.timeline_out, ex.tier_map_out, ex.recommend_out) for o in out.outputs]
+    assert len(views) == 3 and all(isinstance(v, plot_view.PlotView) for v in views)
+    assert len({id(v.library) for v in views}) == 1
+    assert views[0].library.source.encode("utf-8") == plot_view.plotly_js()
+    front = views[2]
+    curve = next(i for i, t in enumerate(front.data) if t.name == "front")
+    trace = front.data[curve]
+    target = next(k for k, i in enumerate(trace.customdata) if int(i) != int(ex.recommendation.best_row["id"]))
+    pid = int(trace.customdata[target])
+    _from_page(front, {"kind": "click", "points": [{"curve": 99, "index": 0}, {"curve": curve, "index": "x"}]})
+    assert ex.front_choice.value == int(ex.recommendation.best_row["id"]) and ex.error is None
+    _from_page(front, {"kind": "click", "points": [{"curve": curve, "index": target}]})
+    row = ex.recommendation.tried.loc[pid]
+    assert ex.front_choice.value == pid
+    assert ex.resident.value == row["resident"] and ex.prefetch.value == row["prefetch"]
 
 
 # -- pinned vs pageable: the pinned arm is all pinned, whatever the budget control says ------------

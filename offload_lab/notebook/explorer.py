@@ -56,8 +56,7 @@ from offload_lab.planning.options import ISSUE_ORDERS, ORDERS, RESIDENCIES
 from offload_lab.planning.planner import Plan
 from offload_lab.record.run import Run
 
-__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "RESTART_NOTICE",
-           "update_figure_widget"]
+__all__ = ["PlanExplorer", "ExplorerState", "Controls", "ExplorerError", "HYPOTHETICAL_HOSTS_GIB", "RESTART_NOTICE"]
 
 # wide enough for the longest description ("resident per group"): a narrower one is cut
 _STYLE = {"description_width": "140px"}
@@ -85,13 +84,13 @@ RESTART_NOTICE = ("<div style='border-left:4px solid #f79009;background:#fffaeb;
                   "<i>model not found</i>): <b>run this cell again</b>.</div>")
 
 
-def _figure_widget_class() -> Any:
-    """plotly's ``FigureWidget`` when it can run here (``anywidget`` installed), else None."""
+def _plot_view_class() -> Any:
+    """:class:`~offload_lab.notebook.plot_view.PlotView` when it can run here, else None."""
     if importlib.util.find_spec("anywidget") is None:
         return None
-    import plotly.graph_objects as go  # heavy: plotly, only when a figure is drawn in a kernel
+    from offload_lab.notebook import plot_view  # heavy: plotly (plotly.js), in a kernel only
 
-    return go.FigureWidget
+    return plot_view.PlotView
 
 
 def _widget_output(widget: Any, fig: Any = None) -> dict[str, Any]:
@@ -103,36 +102,6 @@ def _widget_output(widget: Any, fig: Any = None) -> dict[str, Any]:
     if fig is not None:
         data["text/html"] = display.figure_html(fig, plotlyjs=False)
     return {"output_type": "display_data", "metadata": {}, "data": data}
-
-
-def update_figure_widget(widget: Any, fig: Any) -> None:
-    """Make ``widget`` (a plotly ``FigureWidget``) show ``fig``, sending only what changed.
-
-    Traces of the same count, types and properties are restyled in place and the layout is
-    relaid out, in one batch (one message to the page); otherwise the traces are replaced.
-    A property the new figure lacks is removed, so the widget shows what ``fig`` shows:
-
-    >>> import plotly.graph_objects as go
-    >>> w = go.FigureWidget(go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout={"title": {"text": "a"}}))
-    >>> uid = w.data[0].uid
-    >>> update_figure_widget(w, go.Figure(go.Bar(x=[1, 2], y=[5, 6]), layout={"height": 300}))
-    >>> w.data[0].uid == uid, w.data[0].y, w.layout.height, w.layout.title.text
-    (True, (5, 6), 300, None)
-    """
-    new = fig.to_plotly_json()
-    data, layout = new.get("data", []), new.get("layout", {})
-    # the widget gives each trace a ``uid``: not a property the figure's traces differ in
-    old = [t.to_plotly_json().keys() - {"uid"} for t in widget.data]
-    same = len(old) == len(data) and all(a == b.keys() - {"uid"} for a, b in zip(old, data))
-    if not same:
-        widget.data = ()
-        widget.add_traces(data)
-    gone = {k: None for k in widget.layout.to_plotly_json() if k not in layout}
-    with widget.batch_update():
-        if same:
-            for trace, t in zip(widget.data, data):
-                trace.update(t, overwrite=True)
-        widget.layout.update({**gone, **layout}, overwrite=True)
 
 
 class PlanExplorer:
@@ -168,8 +137,8 @@ class PlanExplorer:
         self.state.on_progress = self._progress
         self._syncing = False
         self._shown: dict[int, tuple[Any, ...]] = {}  # id of an Output widget -> the figures it shows
-        self._widgets: dict[int, list[Any]] = {}  # id of an Output widget -> its FigureWidgets, by slot
-        self._live: set[int] = set()  # ids of the FigureWidgets a page has drawn
+        self._widgets: dict[int, list[Any]] = {}  # id of an Output widget -> its PlotViews, by slot
+        self._live: set[int] = set()  # ids of the PlotViews a page has drawn
         self._running = False
         self._build_widgets()
         self._refresh()
@@ -534,10 +503,11 @@ class PlanExplorer:
     def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
         """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it.
 
-        In a kernel with plotly's ``FigureWidget`` (it needs ``anywidget``) each figure slot of
-        ``out`` holds one widget, sent once; a new figure for the slot is sent as a diff of its
-        traces and layout, which plotly.js applies to the plot on the page instead of building a
-        new one. Elsewhere (and without ``anywidget``) the figures are sent whole.
+        In a kernel with ``anywidget`` each figure slot of ``out`` holds one
+        :class:`~offload_lab.notebook.plot_view.PlotView`, sent once; a new figure for the slot
+        is sent as its JSON in one message, and plotly.js redraws the plot on the page in place
+        instead of building a new one. Elsewhere (and without ``anywidget``) the figures are
+        sent whole.
         """
         figs = () if empty else tuple(f for f in figs if f is not None)
         if not figs and not empty:
@@ -552,14 +522,14 @@ class PlanExplorer:
         self._close(old)
 
     def _update_in_place(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
-        """Show ``figs`` in ``out`` through its FigureWidgets; False when there are none here."""
-        make = _figure_widget_class()
+        """Show ``figs`` in ``out`` through its PlotViews; False when there are none here."""
+        make = _plot_view_class()
         if make is None:
             return False
         held = self._widgets.get(id(out))
         if held is not None and len(held) == len(figs) and all(id(w) in self._live for w in held):
             for widget, fig in zip(held, figs):
-                update_figure_widget(widget, fig)
+                widget.show(fig)
             return True
         # new widgets, with each figure's static HTML beside: where no page draws the widgets (a
         # headless run exporting the notebook) the next figure comes this way too, so the saved
@@ -567,14 +537,14 @@ class PlanExplorer:
         old = held or ()
         held = self._widgets[id(out)] = [make(fig) for fig in figs]
         for w in held:
-            # a page that draws the widget reports the traces it drew: from then on diffs reach it
-            w.observe(lambda _change, w=w: self._live.add(id(w)), names="_js2py_traceDeltas")
+            # a page that draws the widget says so: from then on new figures reach it in place
+            w.observe(lambda _change, w=w: self._live.add(id(w)), names="drawn")
         out.outputs = tuple(_widget_output(w, fig) for w, fig in zip(held, figs))
         self._close(old)
         return True
 
     def _close(self, widgets: Sequence[Any]) -> None:
-        """Close FigureWidgets no output shows any more (their models would stay in the page)."""
+        """Close figure widgets no output shows any more (their models would stay in the page)."""
         for w in widgets:
             self._live.discard(id(w))
             w.close()
@@ -584,17 +554,20 @@ class PlanExplorer:
         return shown is not None and len(shown) == len(figs) and all(a is b for a, b in zip(shown, figs))
 
     def _draw_front(self, fig: Any) -> None:
-        if fig is None or self._is_shown(self.recommend_out, (fig,)):
+        out = self.recommend_out
+        if fig is None or self._is_shown(out, (fig,)):
             return
-        self._shown[id(self.recommend_out)] = (fig,)
-        make = _figure_widget_class() if display.in_kernel() else None
+        self._shown[id(out)] = (fig,)
+        make = _plot_view_class() if display.in_kernel() else None
         if make is None:
-            display.render(self.recommend_out, fig)
+            display.render(out, fig)
             return
-        widget = make(fig)  # clicks on its points reach on_front_click
-        for trace in widget.data:
-            trace.on_click(self.on_front_click)
-        self.recommend_out.outputs = (_widget_output(widget),)
+        widget = make(fig)
+        widget.on_click(self.on_front_click)  # a click on a point loads its plan
+        old = self._widgets.get(id(out), ())
+        self._widgets[id(out)] = [widget]
+        out.outputs = (_widget_output(widget, fig),)
+        self._close(old)
 
     # -- in a notebook ----------------------------------------------------------------------------------
     def _ipython_display_(self) -> None:
