@@ -61,6 +61,21 @@ def _code_in_folder(d: Path, info: dict) -> None:
     (d / "transformer" / "modeling_custom.py").write_text("raise SystemExit('custom code ran')\n")
 
 
+def _pickled_weights(d: Path, info: dict) -> None:
+    """The transformer's weights as torch.save wrote them (a pickle), and no safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = d / "transformer"
+    state = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(f))
+        f.unlink()
+    for f in folder.glob("*.safetensors.index.json"):
+        f.unlink()
+    torch.save(state, folder / "diffusion_pytorch_model.bin")
+
+
 def _local_module(d: Path, info: dict) -> None:
     (d / "mycomponent.py").write_text("raise SystemExit('custom code ran')\n")
     info["transformer"] = ["mycomponent", "MyModel"]
@@ -92,6 +107,7 @@ VARIANTS = {
     "pipeline-absent": (lambda d, info: info.pop("_class_name"), "_class_name is None"),
     "code-in-folder": (_code_in_folder, "holds code ('transformer/modeling_custom.py')"),
     "local-module": (_local_module, "names library 'mycomponent'"),
+    "pickled-weights": (_pickled_weights, "holds its weights as pickle files only ('transformer/diffusion_pytorch_model.bin')"),
     "shard-parent": (_shard("../x.safetensors"), "names shard '../x.safetensors' outside its directory"),
     "shard-absolute": (_shard("/etc/passwd"), "names shard '/etc/passwd' outside its directory"),
     "shard-symlink": (_shard_symlink_out, "resolves outside the directory"),
@@ -231,3 +247,31 @@ def test_a_supported_library_not_installed_is_named(tiny_saved, tmp_path, monkey
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(offload_lab.SpecError, match="needs transformers, which is not installed"):
         offload_lab.spec_of(d)
+
+
+class _RunsCode:
+    """Unpickling this creates a file: what a pickle can do when it is loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_beside_safetensors_is_never_unpickled(tiny_saved, tmp_path):
+    import pickle
+
+    d = tmp_path / "both"
+    shutil.copytree(tiny_saved, d)
+    marker = tmp_path / "unpickled"
+    for name in ("transformer/diffusion_pytorch_model.bin", "vae/diffusion_pytorch_model.bin"):
+        (d / name).write_bytes(pickle.dumps({"weight": _RunsCode(marker)}))
+    pickle.loads((d / "vae/diffusion_pytorch_model.bin").read_bytes())  # the payload does run
+    assert marker.exists()
+    marker.unlink()
+    assert check_pipeline_index(d).class_name == "WanPipeline"  # safetensors are there: accepted
+    out = tmp_path / "run.zip"
+    assert main(["profile", "--pipeline", str(d), "--steps", "1", "--warmup", "0", "--backend", "cpu",
+                 "--out", str(out)]) == 0
+    assert out.is_file() and not marker.exists()

@@ -75,7 +75,8 @@ def _load(root: Path, names: dict[str, Any]) -> Any:
     cls = index.pipeline_class()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = cls.from_pretrained(root, local_files_only=True, **absent)
+        # safetensors only: a pickle file beside them is never unpickled
+        pipe = cls.from_pretrained(root, local_files_only=True, use_safetensors=True, **absent)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -10,6 +10,10 @@
   feature extractor or pipeline); ``[null, null]`` is a component left out;
 - no component folder holds Python code, and nothing a component folder holds resolves outside
   the directory (symlinks included);
+- a component's weights are safetensors files: a folder whose weights are pickle files only
+  (``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) is refused, since unpickling can run code;
+  pickle files beside safetensors ones are never read (the pipeline is loaded with
+  ``use_safetensors=True``);
 
 Names are checked against the library's own export table (its lazy module's name → module map)
 before anything is looked up, so a name the index makes up is never imported. Every refusal is
@@ -171,10 +175,20 @@ def _component_class(where: str, name: str, library: str, cls: str) -> None:
                         f"{_KIND_WORDS}")
 
 
+#: weight files in Python's pickle format (torch.save and the like): loading one can run code
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
 def _check_folder(where: str, root: Path, name: str, folder: Path) -> None:
     if not _inside(root, folder):
         raise SpecError(f"{where}: component folder {name!r} resolves outside the directory; refused")
-    for p in sorted(folder.rglob("*")):
+    files = sorted(folder.rglob("*"))
+    pickles = [p for p in files if p.suffix in PICKLE_SUFFIXES]
+    if pickles and not any(p.suffix == ".safetensors" for p in files):
+        raise SpecError(f"{where}: component {name!r} holds its weights as pickle files only "
+                        f"({str(pickles[0].relative_to(folder.parent))!r}), which can run code when "
+                        f"loaded; save it with safe_serialization=True (safetensors)")
+    for p in files:
         if not _inside(root, p):
             raise SpecError(f"{where}: {str(p.relative_to(folder.parent))!r} resolves outside the "
                             f"directory; refused")
