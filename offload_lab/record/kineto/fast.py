@@ -1,0 +1,373 @@
+"""The fast path of the import: a block of whole events decoded in one C call, read column-wise.
+
+Where :class:`~offload_lab.record.kineto.reader.Reader` frames a block of whole events (torch's
+own layouts), the block is decoded by ``msgspec`` into small structs that hold only the fields
+the import reads (every other field is still parsed, so checked as JSON, but never built), and
+:func:`collect_block` applies the block to the :class:`~offload_lab.record.kineto.collect.Collected`
+columns with a few C-level passes instead of one Python call chain per event. It gives exactly
+what the per-event loop of :func:`~offload_lab.record.kineto.collect.collect_events` gives: a
+block in which anything is unusual (JSON ``msgspec`` refuses, a value of an unexpected type, a
+time or a byte count the loop would count as skipped, a lane not seen before) is left untouched
+and handed back to that loop, which raises the same error, at the same event and byte, as
+without this path. Without ``msgspec`` installed, every block takes the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Callable
+from itertools import compress, repeat
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+try:
+    import msgspec
+except ImportError:  # the per-event loop reads every block
+    msgspec = None
+
+from offload_lab.record.kineto import collect as _c
+
+__all__ = ["available", "BlockDecoder", "collect_block", "UNSET"]
+
+
+def available() -> bool:
+    """Whether the fast path can run (``msgspec`` is importable)."""
+    return msgspec is not None
+
+
+if msgspec is not None:
+    UNSET: Any = msgspec.UNSET
+
+    class _Args(msgspec.Struct):
+        device: Any = msgspec.UNSET
+        stream: Any = msgspec.UNSET
+        correlation: Any = msgspec.UNSET
+        bytes: Any = msgspec.UNSET
+
+    class _Event(msgspec.Struct):
+        ph: Any = msgspec.UNSET
+        cat: Any = msgspec.UNSET
+        name: Any = msgspec.UNSET
+        pid: Any = msgspec.UNSET
+        tid: Any = msgspec.UNSET
+        # times are kept as their JSON text and converted only for the rows that are read
+        ts: msgspec.Raw = msgspec.UNSET
+        dur: msgspec.Raw = msgspec.UNSET
+        # an `args` that is not an object (or null) fails the decode: the loop names it
+        args: _Args | None = msgspec.UNSET
+
+    _ERRORS: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+else:  # pragma: no cover - exercised only without msgspec
+    UNSET = object()
+    _ERRORS = ()
+
+_PH, _CAT, _NAME = attrgetter("ph"), attrgetter("cat"), attrgetter("name")
+_PID, _TID, _TS, _DUR, _ARGS = (attrgetter(k) for k in ("pid", "tid", "ts", "dur", "args"))
+_DEVICE, _STREAM, _CORR, _BYTES = (attrgetter(k) for k in ("device", "stream", "correlation", "bytes"))
+_PH_CODE = {"X": 0, "s": 1, "f": 1}
+# |ts| and |dur| past 2^53 go to the loop: there an int and its float differ, and the loop
+# compares the int
+_SAFE_US = float(1 << 53)
+_MEMCPY_CALLS = ("cudaMemcpy", "cuMemcpy")
+
+
+class _Slow(Exception):
+    """The block needs the per-event loop (raised before anything is applied)."""
+
+
+class BlockDecoder:
+    """``decode(text)``: the events of ``text`` (whole events separated by commas), or None
+    when ``msgspec`` refuses it (the caller then reads the block the slow way)."""
+
+    def __init__(self) -> None:
+        self._dec = msgspec.json.Decoder(list[_Event])
+
+    def decode(self, text: str) -> list | None:
+        try:
+            return self._dec.decode("[" + text + "]")
+        except _ERRORS:
+            return None
+
+
+def _numbers(raws: list) -> list:
+    """JSON values kept raw -> the numbers ``json`` gives (an int stays an int); anything but
+    numbers (a string, null, an array, a missing time): the loop."""
+    try:
+        vals = json.loads(b"[" + b",".join(raws) + b"]")
+    except (TypeError, ValueError):
+        raise _Slow from None
+    if set(map(type, vals)) - {int, float}:
+        raise _Slow
+    return vals
+
+
+def _or(values: list, fallback: list) -> list:
+    """``value if value is not None else fallback`` per row (UNSET counts as None)."""
+    return [f if v is None or v is UNSET else v for v, f in zip(values, fallback)]
+
+
+def _unset_none(values: list) -> list:
+    return [None if v is UNSET else v for v in values]
+
+
+def _corrs(args: list) -> np.ndarray:
+    """``_corr`` of the loop for every row: an int in [-1, 2^53), else -1."""
+    vals = [-1 if a is None or a is UNSET else a.correlation for a in args]
+    if set(map(type, vals)) <= {int}:
+        try:
+            out = np.array(vals, dtype=np.int64)
+        except OverflowError:
+            out = None
+        if out is not None:
+            out[(out < -1) | (out >= _c.MAX_INDEX)] = -1
+            return out
+    return np.array([v if type(v) is int and -1 <= v < _c.MAX_INDEX else -1 for v in vals], dtype=np.int64)
+
+
+def _args_list(evs: list) -> list:
+    return list(map(_ARGS, evs))
+
+
+def _arg_col(args: list, get: Callable, default: list) -> list:
+    """``args.get(key, default)`` per row."""
+    out = []
+    for a, d in zip(args, default):
+        if a is None or a is UNSET:
+            out.append(d)
+        else:
+            v = get(a)
+            out.append(d if v is UNSET else v)
+    return out
+
+
+def _lanes(lanes: dict, keys: list) -> list:
+    try:
+        return list(map(lanes.__getitem__, keys))
+    except (KeyError, TypeError):  # a lane seen first here (ids follow the loop's order), or unhashable
+        raise _Slow from None
+
+
+def _lane1(lanes: dict, key: tuple) -> int:
+    try:
+        return lanes[key]
+    except (KeyError, TypeError):
+        raise _Slow from None
+
+
+def collect_block(c: _c.Collected, evs: list, first: int, state: dict, name: str, match: _c.Matcher,
+                  module_match: _c.Matcher | None, read_python_functions: bool) -> bool:
+    """Apply the block ``evs`` (events ``first``.. of traceEvents) to ``c``; False, with ``c``
+    untouched, when the block needs the per-event loop. ``state`` holds the trace's time span
+    (``t0``, ``t1``), which the loop keeps in locals."""
+    try:
+        plan = _plan(c, evs, match, module_match, read_python_functions)
+    except _Slow:
+        return False
+    plan(c, state)
+    return True
+
+
+def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matcher | None,
+          read_python_functions: bool) -> Callable[[_c.Collected, dict], None]:
+    """Everything the block adds, worked out without touching ``c``; returns what applies it."""
+    n = len(evs)
+    # rows are classified by their distinct 'ph' and 'cat' values (a handful), hashed in C
+    ph_code, ph_vals = pd.factorize(np.array(list(map(_PH, evs)), dtype=object), use_na_sentinel=False)
+    if any(type(v) is not str for v in ph_vals):
+        raise _Slow  # a missing or non-string 'ph': the loop says which
+    try:
+        cat_code, cat_vals = pd.factorize(np.array(list(map(_CAT, evs)), dtype=object), use_na_sentinel=False)
+    except TypeError:  # an unhashable category: the loop names it
+        raise _Slow from None
+    phc = np.array([_PH_CODE.get(v, 2) for v in ph_vals], dtype=np.int8)[ph_code]
+    kind = np.array([_c.CATS.get(v, -1) if type(v) is str else -1 for v in cat_vals], dtype=np.int8)[cat_code]
+    is_x, flow = phc == 0, phc == 1
+    # the rows torch's layouts let the reader skip undecoded (Reader._array): ops that are no
+    # ProfilerStep, flow arrows and, with the default patterns, Python frames but nn.Module
+    op = is_x & (kind == _c.CPU_OP)
+    py = is_x & (kind == _c._PY_FN)
+    keep = np.zeros(n, dtype=bool)  # op / py rows that are read
+    opy = op | py
+    if opy.any():
+        # a name that is no string is read (the loop ignores or refuses it)
+        keep[op] = [type(x) is not str or x.startswith("ProfilerStep#") for x in map(_NAME, compress(evs, op))]
+        if py.any():
+            keep[py] = [read_python_functions or type(x) is not str or x.startswith("nn.Module: ")
+                        for x in map(_NAME, compress(evs, py))]
+    skip = flow | (opy & ~keep)
+    read = is_x & ~skip
+    rows = np.flatnonzero(read)
+    sub = list(compress(evs, read))
+    k_r = kind[rows]
+    read_cats = np.bincount(cat_code[rows], minlength=len(cat_vals))
+    cat_counts = {v: int(k) for v, k in zip(cat_vals, read_cats.tolist()) if k}
+    if any(v is not None and type(v) is not str for v in cat_counts):
+        raise _Slow  # a missing or non-string category of a row that is read
+    ts_raw, dur_raw = list(map(_TS, sub)), list(map(_DUR, sub))
+    ts_v, dur_v = _numbers(ts_raw), _numbers(dur_raw)
+    ts_f, dur_f = np.array(ts_v, dtype=np.float64), np.array(dur_v, dtype=np.float64)
+    if len(sub) and not (np.all(np.abs(ts_f) < _SAFE_US) and np.all((dur_f >= 0) & (dur_f < _SAFE_US))):
+        raise _Slow  # NaN, infinite, absurd or negative: the loop counts and skips them
+    lanes = c.lanes
+    # kernels and runtime calls: the loop's two inline branches, column-wise
+    is_k, is_r = k_r == _c._GPU_KERNEL, k_r == _c._RUNTIME
+    kern = list(compress(sub, is_k))
+    k_args = _args_list(kern)
+    k_pid = _or(_arg_col(k_args, _DEVICE, repeat(None)), _unset_none(list(map(_PID, kern))))
+    k_tid = _or(_arg_col(k_args, _STREAM, repeat(None)), _unset_none(list(map(_TID, kern))))
+    k_lane = _lanes(lanes, list(zip(k_pid, k_tid, repeat(True))))
+    k_corr = _corrs(k_args)
+    rt = list(compress(sub, is_r))
+    r_args = _args_list(rt)
+    r_lane = _lanes(lanes, list(zip(_unset_none(list(map(_PID, rt))), _unset_none(list(map(_TID, rt))),
+                                    repeat(False))))
+    r_corr = _corrs(r_args)
+    r_ts, r_dur = ts_f[is_r], dur_f[is_r]
+    calls = [(x, float(r_ts[j]), float(r_dur[j]), r_lane[j], int(r_corr[j]))
+             for j, x in enumerate(map(_NAME, rt)) if type(x) is str and x.startswith(_MEMCPY_CALLS)]
+    # copies, annotations, frames, steps: few, each as the loop's _named_row reads it
+    other = np.flatnonzero(~is_k & ~is_r & (k_r >= 0)).tolist()
+    ts_l, dur_l = ts_f.tolist(), dur_f.tolist()
+    copies, other_copies, gpu_spans, cpu_spans, module_spans, step_rows = [], [], [], [], [], []
+    bad_bytes = unmatched = 0
+    k_list = k_r.tolist()
+    memcpy_names: dict[str, tuple[str, str]] = {}
+    for q in other:
+        ev, k = sub[q], k_list[q]
+        nm = ev.name
+        if k == _c.CPU_OP:  # torch < 1.11 wrote ProfilerStep#N as a cpu_op
+            if type(nm) is str and nm.startswith("ProfilerStep#"):
+                step_rows.append((nm, ts_l[q], dur_l[q]))
+            continue
+        if type(nm) is not str:
+            raise _Slow  # the loop refuses it, naming the event
+        ts, dur = ts_l[q], dur_l[q]
+        end = ts + dur
+        a = ev.args
+        if a is UNSET:
+            a = None
+        if k == _c._GPU_MEMCPY:
+            try:
+                direction, tier = memcpy_names[nm]
+            except KeyError:
+                m = _c._MEMCPY.match(nm)
+                src = (m.group(2) or "") if m else ""
+                direction = m.group(1) if m else nm
+                tier = "pinned" if src == "Pinned" else "pageable" if src == "Pageable" else "unknown"
+                memcpy_names[nm] = direction, tier
+            nbytes = 0 if a is None or a.bytes is UNSET else a.bytes
+            if type(nbytes) is float and nbytes.is_integer():
+                nbytes = int(nbytes)
+            if type(nbytes) is not int:
+                raise _Slow
+            if not 0 <= nbytes < _c.MAX_BYTES:
+                bad_bytes += 1
+                continue
+            if direction != "HtoD":
+                other_copies.append((direction, nbytes))
+                continue
+            lane = _lane1(lanes, (_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True))
+            corr = -1 if a is None else a.correlation
+            corr = corr if type(corr) is int and -1 <= corr < _c.MAX_INDEX else -1
+            copies.append((ts, dur, lane, corr, nbytes, tier))
+        elif k == _c._GPU_ANN:
+            hit = match(nm)
+            if hit is None:
+                unmatched += 1
+                continue
+            lane = _lane1(lanes, (_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True))
+            gpu_spans.append((lane, ts, end, hit))
+        elif k == _c._CPU_ANN or k == _c._PY_FN:
+            if nm.startswith("ProfilerStep#"):
+                step_rows.append((nm, ts, dur))
+                continue
+            if k == _c._PY_FN and module_match is not None:
+                # only nn.Module frames are read here (the others were skipped above)
+                hit = module_match(nm)
+                if hit is not None:
+                    lane = _lane1(lanes, (_none(ev.pid), _none(ev.tid), False))
+                    module_spans.append((lane, ts, end, hit))
+                continue
+            hit = match(nm)
+            if hit is None:
+                if k == _c._CPU_ANN:
+                    unmatched += 1
+                continue
+            lane = _lane1(lanes, (_none(ev.pid), _none(ev.tid), False))
+            cpu_spans.append((lane, ts, end, hit))
+    timed = np.flatnonzero((k_r != _c.CPU_OP) & (k_r != _c._PY_FN))
+    lo_hi = None
+    if len(timed):
+        lo = int(timed[int(np.argmin(ts_f[timed]))])
+        ends = ts_f[timed] + dur_f[timed]
+        hi = int(timed[int(np.argmax(ends))])
+        lo_hi = (float(ts_f[lo]), ts_v[lo], float(ts_f[hi] + dur_f[hi]))
+    op_at = [i for i, v in enumerate(cat_vals) if type(v) is str and v == "cpu_op"]
+    op_cat = cat_code == op_at[0] if op_at else np.zeros(n, dtype=bool)
+    n_op = int(op_cat.sum())
+    unused = int(skip.sum()) - int((skip & op_cat).sum())
+    other_ph = np.bincount(ph_code[~is_x & ~flow], minlength=len(ph_vals)).tolist()
+    ph_counts = {v: k for v, k in zip(ph_vals, other_ph) if k}
+    k_ts, k_dur = ts_f[is_k], dur_f[is_k]
+    r_ts_b = r_ts
+
+    def apply(c: _c.Collected, state: dict) -> None:
+        by_cat = c.by_cat
+        cpu_before = by_cat.get("cpu_op", 0)
+        for key, v in cat_counts.items():
+            by_cat[key] = by_cat.get(key, 0) + v
+        if n_op:  # as the loop counts the "cpu_op" marks of a block, read or not
+            by_cat["cpu_op"] = cpu_before + n_op
+        c.unused += unused
+        for key, v in ph_counts.items():
+            c.by_ph[key] = c.by_ph.get(key, 0) + v
+        if lo_hi is not None:
+            if lo_hi[0] < state["t0"]:
+                state["t0"] = lo_hi[1]
+            if lo_hi[2] > state["t1"]:
+                state["t1"] = lo_hi[2]
+        c.k_ts.frombytes(k_ts.tobytes())
+        c.k_dur.frombytes(k_dur.tobytes())
+        c.k_lane.extend(array("i", k_lane))
+        c.k_corr.frombytes(k_corr.tobytes())
+        c.r_corr.frombytes(r_corr.tobytes())
+        c.r_ts.frombytes(r_ts_b.tobytes())
+        c.r_lane.extend(array("i", r_lane))
+        c.memcpy_calls.extend(calls)
+        c.copies.extend(copies)
+        for direction, nbytes in other_copies:
+            tot = c.other_copies.setdefault(direction, [0, 0])
+            tot[0] += 1
+            tot[1] += nbytes
+        c.gpu_spans.extend(gpu_spans)
+        c.cpu_spans.extend(cpu_spans)
+        c.module_spans.extend(module_spans)
+        for nm, ts, dur in step_rows:
+            _c._step_span(c, nm, ts, dur)
+        c.bad_bytes += bad_bytes
+        c.unmatched_annotations += unmatched
+
+    return apply
+
+
+def _arg1(a: Any, key: str, default: Any) -> Any:
+    """``args.get(key, default)`` of the loop on one struct (None: no args)."""
+    if a is None:
+        return _none(default)
+    v = getattr(a, key)
+    return _none(default) if v is UNSET else v
+
+
+def _none(v: Any) -> Any:
+    return None if v is UNSET else v
+
+
+def _count(items: list) -> dict:
+    out: dict = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
