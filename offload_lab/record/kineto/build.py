@@ -186,31 +186,44 @@ class _Trace:
         return np.where(ok, self.s_num[np.clip(i, 0, last)], -1)
 
 
-def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[pd.DataFrame, str]:
-    """Kernels -> one compute row per layer use and stream; without kernels, CPU annotations."""
+def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[dict[str, np.ndarray], str]:
+    """Kernels -> one compute row per layer use and stream; without kernels, CPU annotations.
+
+    Columns ``step``, ``layer_id``, ``start``, ``end``: the uses in order of their first kernel,
+    then the kernels outside every layer in trace order."""
     k_ts, k_dur = _array(c.k_ts, np.float64), _array(c.k_dur, np.float64)
     k_lane, k_corr = _array(c.k_lane, np.int32), _array(c.k_corr, np.int64)
     if len(k_ts):
         layer, root, found, lts = tr.attribute(k_lane, k_ts, k_corr)
         step = tr.step_of(np.where(found, lts, k_ts))
-        kdf = pd.DataFrame({"step": step, "layer_id": layer, "root": root, "lane": k_lane,
-                            "start": k_ts, "end": k_ts + k_dur})
-        inside = kdf["layer_id"] >= 0
-        uses = (kdf[inside].groupby(["root", "lane", "step", "layer_id"], sort=False)
-                .agg(start=("start", "min"), end=("end", "max")).reset_index())
-        cols = ["step", "layer_id", "lane", "start", "end"]
-        compute = pd.concat([uses[cols], kdf.loc[~inside, cols]], ignore_index=True)
+        end = k_ts + k_dur
+        inside = np.flatnonzero(layer >= 0)
+        outside = np.flatnonzero(layer < 0)
+        # one use = (root span, lane, step, layer); numbered in order of first appearance
+        keys = pd.MultiIndex.from_arrays([root[inside], k_lane[inside], step[inside], layer[inside]])
+        use, _ = pd.factorize(keys)
+        n_use = int(use.max()) + 1 if len(use) else 0
+        first = np.full(n_use, len(use), np.int64)
+        np.minimum.at(first, use, np.arange(len(use)))
+        lo = np.full(n_use, np.inf)
+        hi = np.full(n_use, -np.inf)
+        np.minimum.at(lo, use, k_ts[inside])
+        np.maximum.at(hi, use, end[inside])
+        head = inside[first]
+        compute = {"step": np.concatenate([step[head], step[outside]]),
+                   "layer_id": np.concatenate([layer[head], layer[outside]]),
+                   "start": np.concatenate([lo, k_ts[outside]]),
+                   "end": np.concatenate([hi, end[outside]])}
         source = "kernels"
     else:
         spans = _outermost([(s[0], s[1], s[2], tr.layer_ids[s[3]]) for s in cpu_spans])
         source = "cpu_annotations" if spans else "none"
-        compute = pd.DataFrame({
-            "layer_id": np.array([s[3] for s in spans], dtype=np.int64),
-            "lane": np.array([s[0] for s in spans], dtype=np.int64),
-            "start": np.array([s[1] for s in spans], dtype=np.float64),
-            "end": np.array([s[2] for s in spans], dtype=np.float64)})
-        compute.insert(0, "step", tr.step_of(compute["start"].to_numpy()))
-    compute["bytes"] = 0
+        start = np.array([s[1] for s in spans], dtype=np.float64)
+        compute = {"step": tr.step_of(start).astype(np.int64),
+                   "layer_id": np.array([s[3] for s in spans], dtype=np.int64),
+                   "start": start, "end": np.array([s[2] for s in spans], dtype=np.float64)}
+    compute["step"] = compute["step"].astype(np.int64, copy=False)
+    compute["layer_id"] = compute["layer_id"].astype(np.int64, copy=False)
     return compute, source
 
 
@@ -227,13 +240,18 @@ def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.nda
     out["end"] = out["start"] + np.array([x[1] for x in cp], dtype=np.float64)
     layer, _, found, lts = tr.attribute(out["lane"], out["start"], out["corr"])
     step = tr.step_of(np.where(found, lts, out["start"]))
-    comp_in = compute[compute["layer_id"] >= 0]
-    for lid, g in comp_in.groupby("layer_id"):
-        sel = np.flatnonzero(layer == lid)
+    c_lid, c_end, c_step = compute["layer_id"], compute["end"], compute["step"]
+    inside = np.flatnonzero(c_lid >= 0)
+    # each layer's computes in row order (a stable sort by layer), as a groupby hands them out
+    by_layer = inside[np.argsort(c_lid[inside], kind="stable")]
+    lids = c_lid[by_layer]
+    cut = np.flatnonzero(np.diff(lids)) + 1
+    for rows in np.split(by_layer, cut) if len(by_layer) else []:
+        sel = np.flatnonzero(layer == c_lid[rows[0]])
         if not len(sel):
             continue
-        g = g.sort_values("end")
-        ends, steps = g["end"].to_numpy(), g["step"].to_numpy()
+        order = c_end[rows].argsort(kind="quicksort")  # the sort pandas' sort_values("end") makes
+        ends, steps = c_end[rows][order], c_step[rows][order]
         i = np.searchsorted(ends, out["end"][sel], side="left")
         ok = i < len(ends)
         step[sel[ok]] = steps[i[ok]]
@@ -245,15 +263,16 @@ def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.nda
 
 def _host_blocks(tr: _Trace, c: Collected, cp: dict[str, np.ndarray]) -> list[tuple]:
     """Host-side memcpy calls that blocked the thread: ``(step, layer_id, lane, start, end, tier, bytes)``."""
-    copy_by_corr = {int(x): k for k, x in enumerate(cp["corr"]) if x >= 0}
+    copy_by_corr = {x: k for k, x in enumerate(cp["corr"].tolist()) if x >= 0}
+    tier, step, layer, nbytes = (cp["tier"].tolist(), cp["step"].tolist(), cp["layer"].tolist(),
+                                 cp["bytes"].tolist())
     hb, unmatched = [], []
     for nm, ts, dur, lane, corr in c.memcpy_calls:
         k = copy_by_corr.get(corr)
         sync = "Async" not in nm
         if k is not None:
-            if cp["tier"][k] == "pageable" or sync:
-                hb.append((int(cp["step"][k]), int(cp["layer"][k]), lane, ts, ts + dur, cp["tier"][k],
-                           int(cp["bytes"][k])))
+            if tier[k] == "pageable" or sync:
+                hb.append((step[k], layer[k], lane, ts, ts + dur, tier[k], nbytes[k]))
         elif sync:
             unmatched.append((lane, ts, ts + dur))
     if unmatched:  # a blocking copy whose device side is not in the trace: tier unknown
@@ -270,15 +289,17 @@ def _host_blocks(tr: _Trace, c: Collected, cp: dict[str, np.ndarray]) -> list[tu
 def _placement(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray]) -> tuple[pd.DataFrame, list, list]:
     """Per observed layer: tier from its copies, bytes, streamed. Returns (frame, tiers by id, mixed)."""
     keys, n_layers = tr.keys, len(tr.keys)
-    comp_in = compute[compute["layer_id"] >= 0]
+    c_lid, c_step = compute["layer_id"], compute["step"]
     comp_steps: list[set[int]] = [set() for _ in range(n_layers)]
-    for lid, st in zip(comp_in["layer_id"].to_numpy(), comp_in["step"].to_numpy()):
-        if st >= 0:
-            comp_steps[lid].add(int(st))
+    sel = (c_lid >= 0) & (c_step >= 0)
+    # (layer, step) pairs, each once: a few per layer and step, whatever the number of kernels
+    for lid, st in set(zip(c_lid[sel].tolist(), c_step[sel].tolist())):
+        comp_steps[lid].add(st)
     tier_bytes: list[dict[str, int]] = [{} for _ in range(n_layers)]
     step_bytes: list[dict[int, int]] = [{} for _ in range(n_layers)]
-    for k in np.flatnonzero((cp["layer"] >= 0) & (cp["step"] >= 0)):
-        lid, t, b, st = int(cp["layer"][k]), cp["tier"][k], int(cp["bytes"][k]), int(cp["step"][k])
+    k = np.flatnonzero((cp["layer"] >= 0) & (cp["step"] >= 0))
+    for lid, t, b, st in zip(cp["layer"][k].tolist(), cp["tier"][k].tolist(), cp["bytes"][k].tolist(),
+                             cp["step"][k].tolist()):
         tier_bytes[lid][t] = tier_bytes[lid].get(t, 0) + b
         step_bytes[lid][st] = step_bytes[lid].get(st, 0) + b
     tiers, mixed = [], []
@@ -309,10 +330,10 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
     layer_tier = np.array([*tiers, "unknown"], dtype=object)   # index -1 -> "unknown"
     group_of = np.array([*(k[0] for k in tr.keys), NO_GROUP], dtype=object)
     index_of = np.array([*(k[1] for k in tr.keys), NO_LAYER], dtype=np.int64)
-    n_comp, n_cp, n_hb = len(compute), len(cp["start"]), len(hb)
-    comp_lid = compute["layer_id"].to_numpy(np.int64)
+    n_comp, n_cp, n_hb = len(compute["step"]), len(cp["start"]), len(hb)
+    comp_lid = compute["layer_id"]
     col = {
-        "step": np.concatenate([compute["step"].to_numpy(np.int64), cp["step"],
+        "step": np.concatenate([compute["step"], cp["step"],
                                 np.array([h[0] for h in hb], dtype=np.int64)]),
         "layer_id": np.concatenate([comp_lid, cp["layer"], np.array([h[1] for h in hb], dtype=np.int64)]),
         "kind": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host_block"] * n_hb, dtype=object),
@@ -320,9 +341,9 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
         "tier": np.concatenate([layer_tier[comp_lid], cp["tier"], np.array([h[5] for h in hb], dtype=object)]),
         "bytes": np.concatenate([np.zeros(n_comp, np.int64), cp["bytes"],
                                  np.array([h[6] for h in hb], dtype=np.int64)]),
-        "start": np.concatenate([compute["start"].to_numpy(np.float64), cp["start"],
+        "start": np.concatenate([compute["start"], cp["start"],
                                  np.array([h[3] for h in hb], dtype=np.float64)]),
-        "end": np.concatenate([compute["end"].to_numpy(np.float64), cp["end"],
+        "end": np.concatenate([compute["end"], cp["end"],
                                np.array([h[4] for h in hb], dtype=np.float64)]),
     }
     st = col["step"]
@@ -341,14 +362,18 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
 
 def _bounds(tr: _Trace, events: pd.DataFrame) -> pd.DataFrame:
     """Step bounds: the ProfilerStep span widened to the rows it holds."""
-    b = pd.DataFrame({"step": tr.s_num, "start_s": (tr.s_start - tr.t0) / 1e6, "end_s": (tr.s_end - tr.t0) / 1e6})
+    start, end = (tr.s_start - tr.t0) / 1e6, (tr.s_end - tr.t0) / 1e6
     if len(events):
-        span = events.groupby("step").agg(lo=("start_s", "min"), hi=("end_s", "max"))
-        b = b.join(span, on="step")
-        b["start_s"] = np.fmin(b["start_s"], b["lo"])
-        b["end_s"] = np.fmax(b["end_s"], b["hi"])
-        b = b[["step", "start_s", "end_s"]]
-    return b
+        steps, at = np.unique(events["step"].to_numpy(), return_inverse=True)
+        lo = np.full(len(steps), np.inf)
+        hi = np.full(len(steps), -np.inf)
+        np.minimum.at(lo, at, events["start_s"].to_numpy())
+        np.maximum.at(hi, at, events["end_s"].to_numpy())
+        i = np.minimum(np.searchsorted(steps, tr.s_num), len(steps) - 1)
+        has = steps[i] == tr.s_num  # a step without rows keeps its span
+        start = np.where(has, np.fmin(start, lo[i]), start)
+        end = np.where(has, np.fmax(end, hi[i]), end)
+    return pd.DataFrame({"step": tr.s_num, "start_s": start, "end_s": end})
 
 
 def _nothing_to_show(c: Collected, reader: Reader, name: str) -> TraceFormatError:
