@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections import Counter
 from collections.abc import Callable
 from itertools import compress, repeat
-from operator import attrgetter
+from operator import attrgetter, eq
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 try:
     import msgspec
@@ -144,18 +144,42 @@ def _arg_col(args: list, get: Callable, default: list) -> list:
     return out
 
 
-def _lanes(lanes: dict, keys: list) -> list:
-    try:
-        return list(map(lanes.__getitem__, keys))
-    except (KeyError, TypeError):  # a lane seen first here (ids follow the loop's order), or unhashable
-        raise _Slow from None
+class _Lanes:
+    """Lane ids of a block's rows: the known ones, and the ones it sees first, numbered (when
+    the block is applied) in the order of the rows that first use them, as the loop numbers
+    them. A new lane is handed out as its key and resolved by :meth:`resolve`."""
+
+    def __init__(self, lanes: dict):
+        self.lanes = lanes
+        self.first: dict[tuple, int] = {}   # new key -> first row using it
+
+    def ids(self, keys: list, rows: list) -> list:
+        try:
+            return list(map(self.lanes.__getitem__, keys))
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable pid / tid: the loop names it
+            raise _Slow from None
+        return [self.one(k, r) for k, r in zip(keys, rows)]
+
+    def one(self, key: tuple, row: int) -> int | tuple:
+        try:
+            i = self.lanes.get(key)
+            if i is not None:
+                return i
+            if self.first.get(key, row) >= row:
+                self.first[key] = row
+        except TypeError:
+            raise _Slow from None
+        return key
+
+    def resolve(self) -> dict[tuple, int]:
+        """New key -> id, in order of first use."""
+        return {k: len(self.lanes) + i for i, k in enumerate(sorted(self.first, key=self.first.__getitem__))}
 
 
-def _lane1(lanes: dict, key: tuple) -> int:
-    try:
-        return lanes[key]
-    except (KeyError, TypeError):
-        raise _Slow from None
+def _resolved(ids: list, new: dict) -> list:
+    return [x if type(x) is int else new[x] for x in ids]
 
 
 def collect_block(c: _c.Collected, evs: list, first: int, state: dict, name: str, match: _c.Matcher,
@@ -175,16 +199,15 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
           read_python_functions: bool) -> Callable[[_c.Collected, dict], None]:
     """Everything the block adds, worked out without touching ``c``; returns what applies it."""
     n = len(evs)
-    # rows are classified by their distinct 'ph' and 'cat' values (a handful), hashed in C
-    ph_code, ph_vals = pd.factorize(np.array(list(map(_PH, evs)), dtype=object), use_na_sentinel=False)
-    if any(type(v) is not str for v in ph_vals):
+    ph = list(map(_PH, evs))
+    if set(map(type, ph)) - {str}:
         raise _Slow  # a missing or non-string 'ph': the loop says which
+    cat = list(map(_CAT, evs))
     try:
-        cat_code, cat_vals = pd.factorize(np.array(list(map(_CAT, evs)), dtype=object), use_na_sentinel=False)
+        kind = np.fromiter(map(_c.CATS.get, cat, repeat(-1)), dtype=np.int8, count=n)
     except TypeError:  # an unhashable category: the loop names it
         raise _Slow from None
-    phc = np.array([_PH_CODE.get(v, 2) for v in ph_vals], dtype=np.int8)[ph_code]
-    kind = np.array([_c.CATS.get(v, -1) if type(v) is str else -1 for v in cat_vals], dtype=np.int8)[cat_code]
+    phc = np.fromiter(map(_PH_CODE.get, ph, repeat(2)), dtype=np.int8, count=n)
     is_x, flow = phc == 0, phc == 1
     # the rows torch's layouts let the reader skip undecoded (Reader._array): ops that are no
     # ProfilerStep, flow arrows and, with the default patterns, Python frames but nn.Module
@@ -203,8 +226,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     rows = np.flatnonzero(read)
     sub = list(compress(evs, read))
     k_r = kind[rows]
-    read_cats = np.bincount(cat_code[rows], minlength=len(cat_vals))
-    cat_counts = {v: int(k) for v, k in zip(cat_vals, read_cats.tolist()) if k}
+    cat_counts = Counter(compress(cat, read))
     if any(v is not None and type(v) is not str for v in cat_counts):
         raise _Slow  # a missing or non-string category of a row that is read
     ts_raw, dur_raw = list(map(_TS, sub)), list(map(_DUR, sub))
@@ -212,19 +234,19 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     ts_f, dur_f = np.array(ts_v, dtype=np.float64), np.array(dur_v, dtype=np.float64)
     if len(sub) and not (np.all(np.abs(ts_f) < _SAFE_US) and np.all((dur_f >= 0) & (dur_f < _SAFE_US))):
         raise _Slow  # NaN, infinite, absurd or negative: the loop counts and skips them
-    lanes = c.lanes
+    lanes = _Lanes(c.lanes)
     # kernels and runtime calls: the loop's two inline branches, column-wise
     is_k, is_r = k_r == _c._GPU_KERNEL, k_r == _c._RUNTIME
     kern = list(compress(sub, is_k))
     k_args = _args_list(kern)
     k_pid = _or(_arg_col(k_args, _DEVICE, repeat(None)), _unset_none(list(map(_PID, kern))))
     k_tid = _or(_arg_col(k_args, _STREAM, repeat(None)), _unset_none(list(map(_TID, kern))))
-    k_lane = _lanes(lanes, list(zip(k_pid, k_tid, repeat(True))))
+    k_lane = lanes.ids(list(zip(k_pid, k_tid, repeat(True))), rows[is_k].tolist())
     k_corr = _corrs(k_args)
     rt = list(compress(sub, is_r))
     r_args = _args_list(rt)
-    r_lane = _lanes(lanes, list(zip(_unset_none(list(map(_PID, rt))), _unset_none(list(map(_TID, rt))),
-                                    repeat(False))))
+    r_lane = lanes.ids(list(zip(_unset_none(list(map(_PID, rt))), _unset_none(list(map(_TID, rt))),
+                                repeat(False))), rows[is_r].tolist())
     r_corr = _corrs(r_args)
     r_ts, r_dur = ts_f[is_r], dur_f[is_r]
     calls = [(x, float(r_ts[j]), float(r_dur[j]), r_lane[j], int(r_corr[j]))
@@ -235,6 +257,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     copies, other_copies, gpu_spans, cpu_spans, module_spans, step_rows = [], [], [], [], [], []
     bad_bytes = unmatched = 0
     k_list = k_r.tolist()
+    row_of = rows.tolist()
     memcpy_names: dict[str, tuple[str, str]] = {}
     for q in other:
         ev, k = sub[q], k_list[q]
@@ -270,7 +293,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if direction != "HtoD":
                 other_copies.append((direction, nbytes))
                 continue
-            lane = _lane1(lanes, (_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True))
+            lane = lanes.one((_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True), row_of[q])
             corr = -1 if a is None else a.correlation
             corr = corr if type(corr) is int and -1 <= corr < _c.MAX_INDEX else -1
             copies.append((ts, dur, lane, corr, nbytes, tier))
@@ -279,7 +302,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if hit is None:
                 unmatched += 1
                 continue
-            lane = _lane1(lanes, (_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True))
+            lane = lanes.one((_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True), row_of[q])
             gpu_spans.append((lane, ts, end, hit))
         elif k == _c._CPU_ANN or k == _c._PY_FN:
             if nm.startswith("ProfilerStep#"):
@@ -289,7 +312,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
                 # only nn.Module frames are read here (the others were skipped above)
                 hit = module_match(nm)
                 if hit is not None:
-                    lane = _lane1(lanes, (_none(ev.pid), _none(ev.tid), False))
+                    lane = lanes.one((_none(ev.pid), _none(ev.tid), False), row_of[q])
                     module_spans.append((lane, ts, end, hit))
                 continue
             hit = match(nm)
@@ -297,7 +320,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
                 if k == _c._CPU_ANN:
                     unmatched += 1
                 continue
-            lane = _lane1(lanes, (_none(ev.pid), _none(ev.tid), False))
+            lane = lanes.one((_none(ev.pid), _none(ev.tid), False), row_of[q])
             cpu_spans.append((lane, ts, end, hit))
     timed = np.flatnonzero((k_r != _c.CPU_OP) & (k_r != _c._PY_FN))
     lo_hi = None
@@ -306,16 +329,25 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         ends = ts_f[timed] + dur_f[timed]
         hi = int(timed[int(np.argmax(ends))])
         lo_hi = (float(ts_f[lo]), ts_v[lo], float(ts_f[hi] + dur_f[hi]))
-    op_at = [i for i, v in enumerate(cat_vals) if type(v) is str and v == "cpu_op"]
-    op_cat = cat_code == op_at[0] if op_at else np.zeros(n, dtype=bool)
+    op_cat = np.fromiter(map(eq, cat, repeat("cpu_op")), dtype=bool, count=n)
     n_op = int(op_cat.sum())
     unused = int(skip.sum()) - int((skip & op_cat).sum())
-    other_ph = np.bincount(ph_code[~is_x & ~flow], minlength=len(ph_vals)).tolist()
-    ph_counts = {v: k for v, k in zip(ph_vals, other_ph) if k}
+    ph_counts = Counter(compress(ph, ~is_x & ~flow))
     k_ts, k_dur = ts_f[is_k], dur_f[is_k]
     r_ts_b = r_ts
+    new = lanes.resolve()
+    if new:  # the lanes this block sees first
+        k_lane, r_lane = _resolved(k_lane, new), _resolved(r_lane, new)
+        calls = [(x[0], x[1], x[2], x[3] if type(x[3]) is int else new[x[3]], x[4]) for x in calls]
+        copies = [(x[0], x[1], x[2] if type(x[2]) is int else new[x[2]], *x[3:]) for x in copies]
+        gpu_spans, cpu_spans, module_spans = (
+            [(x[0] if type(x[0]) is int else new[x[0]], *x[1:]) for x in spans]
+            for spans in (gpu_spans, cpu_spans, module_spans))
 
     def apply(c: _c.Collected, state: dict) -> None:
+        for key in new:
+            c.lanes[key] = len(c.lane_keys)
+            c.lane_keys.append(key)
         by_cat = c.by_cat
         cpu_before = by_cat.get("cpu_op", 0)
         for key, v in cat_counts.items():

@@ -89,6 +89,8 @@ class TraceText:
 
     def offset(self, pos: int) -> int:
         """Byte offset of ``buf[pos]`` (characters are bytes in ASCII text, the usual case)."""
+        if self.buf.isascii():  # O(1) for a str: no copy of the head to measure it
+            return self.base + pos
         head = self.buf[:pos]
         return self.base + (len(head) if head.isascii() else len(head.encode("utf-8")))
 
