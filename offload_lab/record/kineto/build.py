@@ -200,8 +200,7 @@ def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[dict[str, np.nd
         inside = np.flatnonzero(layer >= 0)
         outside = np.flatnonzero(layer < 0)
         # one use = (root span, lane, step, layer); numbered in order of first appearance
-        keys = pd.MultiIndex.from_arrays([root[inside], k_lane[inside], step[inside], layer[inside]])
-        use, _ = pd.factorize(keys)
+        use = _uses(root[inside], k_lane[inside], step[inside], layer[inside])
         n_use = int(use.max()) + 1 if len(use) else 0
         first = np.full(n_use, len(use), np.int64)
         np.minimum.at(first, use, np.arange(len(use)))
@@ -225,6 +224,21 @@ def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[dict[str, np.nd
     compute["step"] = compute["step"].astype(np.int64, copy=False)
     compute["layer_id"] = compute["layer_id"].astype(np.int64, copy=False)
     return compute, source
+
+
+def _uses(*cols: np.ndarray) -> np.ndarray:
+    """Ids of the distinct rows of ``cols`` (non-negative ints but ``step``, ≥ -1), numbered
+    in order of first appearance; one int64 key per row when their ranges fit in 62 bits."""
+    if not len(cols[0]):
+        return np.zeros(0, np.intp)
+    lo = [int(c.min()) for c in cols]
+    span = [int(c.max()) - m + 1 for c, m in zip(cols, lo)]
+    if sum(max(x - 1, 1).bit_length() for x in span) <= 62:
+        key = np.zeros(len(cols[0]), np.int64)
+        for c, m, x in zip(cols, lo, span):
+            key = key * x + (c.astype(np.int64) - m)
+        return pd.factorize(key)[0]
+    return pd.factorize(pd.MultiIndex.from_arrays(list(cols)))[0]
 
 
 def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -336,8 +350,8 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
         "step": np.concatenate([compute["step"], cp["step"],
                                 np.array([h[0] for h in hb], dtype=np.int64)]),
         "layer_id": np.concatenate([comp_lid, cp["layer"], np.array([h[1] for h in hb], dtype=np.int64)]),
-        "kind": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host_block"] * n_hb, dtype=object),
-        "stream": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host"] * n_hb, dtype=object),
+        # 0 compute, 1 copy, 2 host_block (on the host stream)
+        "kind": np.repeat(np.arange(3), [n_comp, n_cp, n_hb]),
         "tier": np.concatenate([layer_tier[comp_lid], cp["tier"], np.array([h[5] for h in hb], dtype=object)]),
         "bytes": np.concatenate([np.zeros(n_comp, np.int64), cp["bytes"],
                                  np.array([h[6] for h in hb], dtype=np.int64)]),
@@ -351,13 +365,23 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
     outside = {k: int((v == -1).sum()) for k, v in parts.items()}
     unused = {k: int((parts[k] == _NO_USE).sum()) for k in ("copy", "host_block")}
     col = {k: v[st >= 0] for k, v in col.items()}
+    n = len(col["step"])
+    tier_code, tier_names = pd.factorize(col["tier"])
     events = pd.DataFrame({
-        "run": run_id, "step": col["step"], "group": group_of[col["layer_id"]],
-        "layer": index_of[col["layer_id"]], "kind": col["kind"], "stream": col["stream"],
-        "tier": col["tier"], "bytes": col["bytes"],
+        "run": _strings([run_id], np.zeros(n, np.intp)), "step": col["step"],
+        "group": _strings(group_of, col["layer_id"]),
+        "layer": index_of[col["layer_id"]], "kind": _strings(["compute", "copy", "host_block"], col["kind"]),
+        "stream": _strings(["compute", "copy", "host"], col["kind"]),
+        "tier": _strings(tier_names, tier_code), "bytes": col["bytes"],
         "start_s": (col["start"] - tr.t0) / 1e6, "end_s": (col["end"] - tr.t0) / 1e6,
     })
     return events, outside, unused
+
+
+def _strings(values: Any, codes: np.ndarray) -> Any:
+    """A ``string`` column holding ``values[codes]`` (-1: the last value), built from the few
+    distinct values, not converted row by row."""
+    return pd.array(list(values), dtype="string").take(codes)
 
 
 def _bounds(tr: _Trace, events: pd.DataFrame) -> pd.DataFrame:

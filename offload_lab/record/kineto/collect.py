@@ -19,6 +19,7 @@ UNNAMED_GROUP = "layers"
 #: ``nn.Module: Block_3`` as written by torch.profiler with ``with_stack=True``.
 MODULE_PATTERN = r"^nn\.Module: (?P<group>[A-Za-z_]\w*?)_(?P<layer>\d+)$"
 
+_MODULE = re.compile(MODULE_PATTERN)
 _MEMCPY = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 
@@ -267,7 +268,7 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
     """What the frames need from every event of ``reader``, layers named by ``options.patterns``
     (and ``nn.Module`` spans when those are the default)."""
     match = Matcher(options.patterns)
-    module_match = Matcher([re.compile(MODULE_PATTERN)]) if options.default_patterns else None
+    module_match = Matcher([_MODULE]) if options.default_patterns else None
     # The per-event loop of the import (millions of rows): the two hot categories (kernels and
     # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
     c = Collected()

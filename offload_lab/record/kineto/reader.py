@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import re
@@ -416,16 +417,26 @@ class _Layout:
                  cpu_marker: str, skip: str, first: str | None):
         self.sep, self.end_off, self.next_off, self.start = sep, end_off, next_off, start
         self.cpu_marker = cpu_marker
-        self.heads = re.compile(head + "(?!" + skip + ")")
-        self.first = re.compile(first + "(?!" + skip + ")") if first else None
+        self._rx = (head + "(?!" + skip + ")", first + "(?!" + skip + ")" if first else None)
+        self.is_lines = first is not None
+
+    @functools.cached_property
+    def heads(self) -> re.Pattern:
+        # compiled when a block is first read event by event (never, when msgspec reads them all)
+        return re.compile(self._rx[0])
+
+    @functools.cached_property
+    def first(self) -> re.Pattern | None:
+        return re.compile(self._rx[1]) if self._rx[1] else None
 
     def framed(self, buf: str, pos: int, end: int, n: int) -> bool:
         """Whether [pos, end) is exactly ``n`` events in this layout."""
-        if self.first is None:  # Kineto: one head line per event
+        if not self.is_lines:  # Kineto: one head line per event
             return buf.count(self.start, pos, end) == n
         return buf.count("\n", pos, end) == n - 1  # one event per line
 
 
+@functools.cache
 def _layouts(read_python_functions: bool) -> tuple[_Layout, _Layout]:
     """Kineto's own writer (torch <= 2.x: first keys on one line; newer: one key per line) and
     torch's Python writer (``use_python_export=True``: one event per line, no spaces)."""
