@@ -367,13 +367,16 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
     col = {k: v[st >= 0] for k, v in col.items()}
     n = len(col["step"])
     tier_code, tier_names = pd.factorize(col["tier"])
+    start_s, end_s = (col["start"] - tr.t0) / 1e6, (col["end"] - tr.t0) / 1e6
+    # every column of the contract, in its dtype and order, so the Run takes the frame as it is
+    # (and still checks its values)
     events = pd.DataFrame({
-        "run": _strings([run_id], np.zeros(n, np.intp)), "step": col["step"],
+        "run": _strings([run_id], np.zeros(n, np.intp)), "step": col["step"], "call": np.zeros(n, np.int64),
         "group": _strings(group_of, col["layer_id"]),
         "layer": index_of[col["layer_id"]], "kind": _strings(["compute", "copy", "host_block"], col["kind"]),
         "stream": _strings(["compute", "copy", "host"], col["kind"]),
         "tier": _strings(tier_names, tier_code), "bytes": col["bytes"],
-        "start_s": (col["start"] - tr.t0) / 1e6, "end_s": (col["end"] - tr.t0) / 1e6,
+        "start_s": start_s, "end_s": end_s, "dur_s": end_s - start_s, "rank": np.zeros(n, np.int64),
     })
     return events, outside, unused
 
