@@ -5,12 +5,18 @@
 >>> run.events.groupby(["kind", "tier"])["bytes"].sum()                # doctest: +SKIP
 
 **Reading.** The file is streamed, never ``json.load``-ed: text is read in 1 MiB chunks (gzip
-detected by content, decompressed incrementally) and the ``traceEvents`` array is decoded one
-event object at a time; only the fields the frames need are kept, in compact arrays. Where
-the file is laid out as torch writes it, the rows the import never uses (``cpu_op``, flow
-arrows, Python frames: most of a trace) are framed by the newlines between events but not
-decoded (:meth:`Reader._array`); every row that is used is decoded and checked. A 1 M-event
-trace loads in a few seconds with memory bounded by the kernels and copies it holds
+detected by content, decompressed incrementally) and only the fields the frames need are kept,
+in compact arrays. Where the file is laid out as torch writes it, whole events are framed by
+the newlines between them (:meth:`Reader._array`) and each block of them is decoded in one
+C call by ``msgspec`` into structs of the few fields the import reads (every other value is
+parsed, so checked as JSON, but never built), then read column-wise
+(:mod:`offload_lab.record.kineto.fast`); the rows the import never uses (``cpu_op``, flow
+arrows, Python frames: most of a trace) are counted and left. A block in which anything is
+unusual (JSON ``msgspec`` refuses, a value of an unexpected type, a time or byte count that is
+skipped) goes down the per-event path instead: its used rows decoded one at a time by the
+stdlib decoder and checked (the others framed but not decoded), which gives the same Run and
+names a bad event and its byte. Without ``msgspec`` installed every block takes that path. A
+1 M-event trace loads in about 2 s with memory bounded by the kernels and copies it holds
 (``benchmarks/trace_import.py``). The path must be a regular file (a FIFO or a device is
 refused unopened) of at most 16 GiB, holding at most 16 GiB of JSON once decompressed, no
 event longer than 64 MiB and no value nested deeper than Python's parser takes. Malformed or

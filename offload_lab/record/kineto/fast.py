@@ -19,7 +19,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable
 from itertools import compress, repeat
-from operator import attrgetter, eq
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,9 @@ _PH, _CAT, _NAME = attrgetter("ph"), attrgetter("cat"), attrgetter("name")
 _PID, _TID, _TS, _DUR, _ARGS = (attrgetter(k) for k in ("pid", "tid", "ts", "dur", "args"))
 _DEVICE, _STREAM, _CORR, _BYTES = (attrgetter(k) for k in ("device", "stream", "correlation", "bytes"))
 _PH_CODE = {"X": 0, "s": 1, "f": 1}
+# the loop's categories, "cpu_op" told apart from its other spelling (it counts "cpu_op" marks)
+_OP_CAT = 99
+_KIND = {**_c.CATS, "cpu_op": _OP_CAT}
 # |ts| and |dur| past 2^53 go to the loop: there an int and its float differ, and the loop
 # compares the int
 _SAFE_US = float(1 << 53)
@@ -204,9 +207,11 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         raise _Slow  # a missing or non-string 'ph': the loop says which
     cat = list(map(_CAT, evs))
     try:
-        kind = np.fromiter(map(_c.CATS.get, cat, repeat(-1)), dtype=np.int8, count=n)
+        kind = np.fromiter(map(_KIND.get, cat, repeat(-1)), dtype=np.int8, count=n)
     except TypeError:  # an unhashable category: the loop names it
         raise _Slow from None
+    op_cat = kind == _OP_CAT
+    kind[op_cat] = _c.CPU_OP
     phc = np.fromiter(map(_PH_CODE.get, ph, repeat(2)), dtype=np.int8, count=n)
     is_x, flow = phc == 0, phc == 1
     # the rows torch's layouts let the reader skip undecoded (Reader._array): ops that are no
@@ -329,7 +334,6 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         ends = ts_f[timed] + dur_f[timed]
         hi = int(timed[int(np.argmax(ends))])
         lo_hi = (float(ts_f[lo]), ts_v[lo], float(ts_f[hi] + dur_f[hi]))
-    op_cat = np.fromiter(map(eq, cat, repeat("cpu_op")), dtype=bool, count=n)
     n_op = int(op_cat.sum())
     unused = int(skip.sum()) - int((skip & op_cat).sum())
     ph_counts = Counter(compress(ph, ~is_x & ~flow))
