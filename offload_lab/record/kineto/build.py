@@ -366,7 +366,10 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
     unused = {k: int((parts[k] == _NO_USE).sum()) for k in ("copy", "host_block")}
     col = {k: v[st >= 0] for k, v in col.items()}
     n = len(col["step"])
-    tier_code, tier_names = pd.factorize(col["tier"])
+    tiers_l = col["tier"].tolist()
+    tier_names = list(dict.fromkeys(tiers_l))  # a few names: hashed as strs, not scanned as objects
+    tier_code = np.fromiter(map({t: i for i, t in enumerate(tier_names)}.__getitem__, tiers_l), np.intp,
+                            count=len(tiers_l))
     start_s, end_s = (col["start"] - tr.t0) / 1e6, (col["end"] - tr.t0) / 1e6
     # every column of the contract, in its dtype and order, so the Run takes the frame as it is
     # (and still checks its values)

@@ -39,17 +39,22 @@ def available() -> bool:
     return msgspec is not None
 
 
+#: the phases of the chrome trace format; an event of any other (or none) sends its block to the loop
+PHASES = ("X", "s", "f", "t", "B", "E", "i", "I", "C", "b", "n", "e", "P", "O", "N", "D", "M", "V", "v",
+          "R", "c", "(", ")")
+
 if msgspec is not None:
     UNSET: Any = msgspec.UNSET
 
-    class _Args(msgspec.Struct):
+    class _Args(msgspec.Struct, gc=False):
         device: Any = msgspec.UNSET
         stream: Any = msgspec.UNSET
         correlation: Any = msgspec.UNSET
         bytes: Any = msgspec.UNSET
 
-    class _Event(msgspec.Struct):
-        ph: Any = msgspec.UNSET
+    class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+        """A complete (``ph: X``) event: the one kind the import reads fields of."""
+
         cat: Any = msgspec.UNSET
         name: Any = msgspec.UNSET
         pid: Any = msgspec.UNSET
@@ -60,15 +65,26 @@ if msgspec is not None:
         # an `args` that is not an object (or null) fails the decode: the loop names it
         args: _Args | None = msgspec.UNSET
 
+    # every other phase: parsed (so checked as JSON) into a struct of no field, its type its phase
+    _OTHER = {ph: msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
+              for i, ph in enumerate(PHASES) if ph != "X"}
+    _EVENT: Any = _Complete | _OTHER.pop("s") | _OTHER.pop("f")
+    _FLOWS = tuple(_EVENT.__args__[1:])
+    for _t in _OTHER.values():
+        _EVENT = _EVENT | _t
+    #: struct type -> (0 complete, 1 flow arrow, 2 other; its phase)
+    _PHASE_OF = {_Complete: (0, "X"), **{t: (1, "sf"[i]) for i, t in enumerate(_FLOWS)},
+                 **{t: (2, ph) for ph, t in _OTHER.items()}}
     _ERRORS: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 else:  # pragma: no cover - exercised only without msgspec
     UNSET = object()
     _ERRORS = ()
+    _PHASE_OF = {}
 
-_PH, _CAT, _NAME = attrgetter("ph"), attrgetter("cat"), attrgetter("name")
+_CODE_OF = {t: v[0] for t, v in _PHASE_OF.items()}
+_CAT, _NAME = attrgetter("cat"), attrgetter("name")
 _PID, _TID, _TS, _DUR, _ARGS = (attrgetter(k) for k in ("pid", "tid", "ts", "dur", "args"))
 _DEVICE, _STREAM, _CORR, _BYTES = (attrgetter(k) for k in ("device", "stream", "correlation", "bytes"))
-_PH_CODE = {"X": 0, "s": 1, "f": 1}
 # the loop's categories, "cpu_op" told apart from its other spelling (it counts "cpu_op" marks)
 _OP_CAT = 99
 _KIND = {**_c.CATS, "cpu_op": _OP_CAT}
@@ -87,7 +103,7 @@ class BlockDecoder:
     when ``msgspec`` refuses it (the caller then reads the block the slow way)."""
 
     def __init__(self) -> None:
-        self._dec = msgspec.json.Decoder(list[_Event])
+        self._dec = msgspec.json.Decoder(list[_EVENT])
 
     def decode(self, text: str) -> list | None:
         try:
@@ -201,36 +217,37 @@ def collect_block(c: _c.Collected, evs: list, first: int, state: dict, name: str
 def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matcher | None,
           read_python_functions: bool) -> Callable[[_c.Collected, dict], None]:
     """Everything the block adds, worked out without touching ``c``; returns what applies it."""
-    n = len(evs)
-    ph = list(map(_PH, evs))
-    if set(map(type, ph)) - {str}:
-        raise _Slow  # a missing or non-string 'ph': the loop says which
-    cat = list(map(_CAT, evs))
+    types = list(map(type, evs))
+    code = np.fromiter(map(_CODE_OF.__getitem__, types), dtype=np.int8, count=len(evs))
+    is_x, flow = code == 0, code == 1
+    ph_counts = Counter(_PHASE_OF[t][1] for t in compress(types, code == 2))
+    # complete events from here on
+    xe = list(compress(evs, is_x))
+    n = len(xe)
+    cat = list(map(_CAT, xe))
     try:
         kind = np.fromiter(map(_KIND.get, cat, repeat(-1)), dtype=np.int8, count=n)
     except TypeError:  # an unhashable category: the loop names it
         raise _Slow from None
     op_cat = kind == _OP_CAT
     kind[op_cat] = _c.CPU_OP
-    phc = np.fromiter(map(_PH_CODE.get, ph, repeat(2)), dtype=np.int8, count=n)
-    is_x, flow = phc == 0, phc == 1
     # the rows torch's layouts let the reader skip undecoded (Reader._array): ops that are no
     # ProfilerStep, flow arrows and, with the default patterns, Python frames but nn.Module
-    op = is_x & (kind == _c.CPU_OP)
-    py = is_x & (kind == _c._PY_FN)
+    op = kind == _c.CPU_OP
+    py = kind == _c._PY_FN
     keep = np.zeros(n, dtype=bool)  # op / py rows that are read
     opy = op | py
     if opy.any():
         # a name that is no string is read (the loop ignores or refuses it)
-        keep[op] = [type(x) is not str or x.startswith("ProfilerStep#") for x in map(_NAME, compress(evs, op))]
+        keep[op] = [type(x) is not str or x.startswith("ProfilerStep#") for x in map(_NAME, compress(xe, op))]
         if py.any():
             keep[py] = [read_python_functions or type(x) is not str or x.startswith("nn.Module: ")
-                        for x in map(_NAME, compress(evs, py))]
-    skip = flow | (opy & ~keep)
-    read = is_x & ~skip
-    rows = np.flatnonzero(read)
-    sub = list(compress(evs, read))
-    k_r = kind[rows]
+                        for x in map(_NAME, compress(xe, py))]
+    skip = opy & ~keep
+    read = ~skip
+    rows = np.flatnonzero(is_x)[read]  # in the block, for the order in which lanes are first used
+    sub = list(compress(xe, read))
+    k_r = kind[read]
     cat_counts = Counter(compress(cat, read))
     if any(v is not None and type(v) is not str for v in cat_counts):
         raise _Slow  # a missing or non-string category of a row that is read
@@ -335,8 +352,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         hi = int(timed[int(np.argmax(ends))])
         lo_hi = (float(ts_f[lo]), ts_v[lo], float(ts_f[hi] + dur_f[hi]))
     n_op = int(op_cat.sum())
-    unused = int(skip.sum()) - int((skip & op_cat).sum())
-    ph_counts = Counter(compress(ph, ~is_x & ~flow))
+    unused = int(flow.sum()) + int(skip.sum()) - int((skip & op_cat).sum())
     k_ts, k_dur = ts_f[is_k], dur_f[is_k]
     r_ts_b = r_ts
     new = lanes.resolve()
