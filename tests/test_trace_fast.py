@@ -186,3 +186,26 @@ def test_flows_after_the_last_op_are_counted_in_every_layout(tmp_path, monkeypat
             run = from_torch_profiler(path)
             assert run.meta["skipped"]["flow_and_python_rows"] == flows
             assert_same_run(run, from_torch_profiler(flat))
+
+
+@pytest.mark.parametrize("depth, error", [(500, None), (5000, "nested too deeply for a JSON parser")])
+def test_deep_nesting_in_a_used_row_reads_alike(depth, error, tmp_path, monkeypatch):
+    """A kernel's args nested deeper than the stdlib parser takes is refused on both paths, with
+    the same event and byte; shallower nesting is read on both."""
+    pytest.importorskip("msgspec")
+    text = (DATA / "gpu_two_steps.json").read_text()
+    at = text.index('"args": {', text.index('"cat": "kernel"')) + len('"args": {')
+    p = tmp_path / "deep.json"
+    p.write_text(text[:at] + '"deep": ' + "[" * depth + "]" * depth + ", " + text[at:])
+    outcomes = []
+    for reading in ("fast", "loop"):
+        with monkeypatch.context() as m:
+            if reading == "loop":
+                m.setattr(fast, "msgspec", None)
+            try:
+                outcomes.append(len(from_torch_profiler(p).events))
+            except ti.TraceFormatError as e:
+                outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]
+    if error:
+        assert error in outcomes[0] and "event 13 at byte" in outcomes[0]
