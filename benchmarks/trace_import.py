@@ -297,6 +297,12 @@ def _child(cmd: list[str], env: dict) -> dict:
     return r
 
 
+def _median(runs: list[dict]) -> dict:
+    """The run with the median call CPU, with every run's call CPU beside it."""
+    runs = sorted(runs, key=lambda r: r["cpu_s"])
+    return {**runs[(len(runs) - 1) // 2], "all_cpu_s": [r["cpu_s"] for r in runs]}
+
+
 def measure(mode: str, path: Path) -> dict:
     """One offload-lab import in a fresh interpreter, so its CPU and peak RSS are its own."""
     root = Path(__file__).resolve().parents[1]
@@ -339,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                          "on the same files, in its own processes")
     ap.add_argument("--tracemalloc", action="store_true", help="also measure the Python allocation peak")
     ap.add_argument("--json-load", action="store_true", help="also time a whole-file json.load")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="fresh processes per tool, size and format; the run with the median call CPU is shown "
+                         "(a shared machine's load moves one run by 10-20%% at 100 k events)")
     args = ap.parse_args(argv)
     formats = args.formats.split(",")
     if bad := [f for f in formats if f not in ("json", "json.gz")]:
@@ -365,9 +374,11 @@ def main(argv: list[str] | None = None) -> int:
                 modes = ["import"] + (["tracemalloc"] if args.tracemalloc else []) + \
                     (["json.load"] if args.json_load else [])
                 for mode in modes:
-                    rows.append((fmt, "offload-lab", mode, n, size, measure(mode, path)))
+                    rows.append((fmt, "offload-lab", mode, n, size,
+                                 _median([measure(mode, path) for _ in range(args.repeat)])))
                 if args.hta_python:
-                    rows.append((fmt, "HTA", "parse", n, size, measure_hta(args.hta_python, path.parent)))
+                    rows.append((fmt, "HTA", "parse", n, size,
+                                 _median([measure_hta(args.hta_python, path.parent) for _ in range(args.repeat)])))
     print(f"\n{'format':8} {'tool':12} {'what':10} {'events':>10} {'file MiB':>9} {'process CPU s':>14} "
           f"{'peak RSS MiB':>13} {'over base':>10} {'call CPU s':>11} {'µs/event':>9} {'module CPU s':>13} {'wall s':>7} "
           f"{'tracemalloc':>12}  rows/steps/layers")
@@ -397,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"({'met' if call_x >= 10 else 'NOT met'}); RSS over imports {o_over:.0f} vs {h_over:.0f} MiB "
                   f"= {rss_share:.2f} ({'met' if rss_share <= 1 / 3 else 'NOT met'}); whole processes: CPU "
                   f"{cpu_x:.1f}x, peak RSS {rss_x:.1f}x")
+    if args.repeat > 1:
+        print(f"\neach row: the median of {args.repeat} fresh processes by call CPU; every run's call CPU s:")
+        for fmt, tool, mode, n, _, r in rows:
+            print(f"  {n:>10,} {fmt:8} {tool:12} {mode:10} " + " ".join(f"{x:.3f}" for x in r["all_cpu_s"]))
     # the machine may be shared: the load says how much of its cores these runs had
     print(f"\n{os.cpu_count()} CPUs, load average {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"{_versions(args.hta_python)}")
