@@ -124,6 +124,33 @@ def _numbers(raws: list) -> list:
     return vals
 
 
+def _keys(pid: list, tid: list, gpu: bool) -> list:
+    """Lane keys ``(pid, tid, gpu)``, a missing id as None (a few distinct pairs are looked at)."""
+    try:
+        pairs = set(zip(pid, tid))
+    except TypeError:  # an unhashable id: the loop names it
+        raise _Slow from None
+    if any(p is UNSET or t is UNSET for p, t in pairs):
+        pid, tid = _unset_none(pid), _unset_none(tid)
+    return list(zip(pid, tid, repeat(gpu)))
+
+
+def _kernel_keys(kern: list, args: list) -> list:
+    """A kernel's lane: ``args.device`` (else its pid), ``args.stream`` (else its tid)."""
+    try:
+        dev, stream = list(map(_DEVICE, args)), list(map(_STREAM, args))
+    except AttributeError:  # a kernel without args: row by row
+        dev, stream = _arg_col(args, _DEVICE, repeat(None)), _arg_col(args, _STREAM, repeat(None))
+    try:
+        pairs = set(zip(dev, stream))
+    except TypeError:
+        raise _Slow from None
+    if any(d is None or d is UNSET or t is None or t is UNSET for d, t in pairs):
+        dev = _or(dev, _unset_none(list(map(_PID, kern))))
+        stream = _or(stream, _unset_none(list(map(_TID, kern))))
+    return list(zip(dev, stream, repeat(True)))
+
+
 def _or(values: list, fallback: list) -> list:
     """``value if value is not None else fallback`` per row (UNSET counts as None)."""
     return [f if v is None or v is UNSET else v for v, f in zip(values, fallback)]
@@ -135,7 +162,10 @@ def _unset_none(values: list) -> list:
 
 def _corrs(args: list) -> np.ndarray:
     """``_corr`` of the loop for every row: an int in [-1, 2^53), else -1."""
-    vals = [-1 if a is None or a is UNSET else a.correlation for a in args]
+    try:
+        vals = list(map(_CORR, args))
+    except AttributeError:  # a row without args: -1
+        vals = [-1 if a is None or a is UNSET else a.correlation for a in args]
     if set(map(type, vals)) <= {int}:
         try:
             out = np.array(vals, dtype=np.int64)
@@ -261,14 +291,11 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     is_k, is_r = k_r == _c._GPU_KERNEL, k_r == _c._RUNTIME
     kern = list(compress(sub, is_k))
     k_args = _args_list(kern)
-    k_pid = _or(_arg_col(k_args, _DEVICE, repeat(None)), _unset_none(list(map(_PID, kern))))
-    k_tid = _or(_arg_col(k_args, _STREAM, repeat(None)), _unset_none(list(map(_TID, kern))))
-    k_lane = lanes.ids(list(zip(k_pid, k_tid, repeat(True))), rows[is_k].tolist())
+    k_lane = lanes.ids(_kernel_keys(kern, k_args), rows[is_k].tolist())
     k_corr = _corrs(k_args)
     rt = list(compress(sub, is_r))
     r_args = _args_list(rt)
-    r_lane = lanes.ids(list(zip(_unset_none(list(map(_PID, rt))), _unset_none(list(map(_TID, rt))),
-                                repeat(False))), rows[is_r].tolist())
+    r_lane = lanes.ids(_keys(list(map(_PID, rt)), list(map(_TID, rt)), False), rows[is_r].tolist())
     r_corr = _corrs(r_args)
     r_ts, r_dur = ts_f[is_r], dur_f[is_r]
     calls = [(x, float(r_ts[j]), float(r_dur[j]), r_lane[j], int(r_corr[j]))
