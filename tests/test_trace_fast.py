@@ -209,3 +209,20 @@ def test_deep_nesting_in_a_used_row_reads_alike(depth, error, tmp_path, monkeypa
     assert outcomes[0] == outcomes[1]
     if error:
         assert error in outcomes[0] and "event 13 at byte" in outcomes[0]
+
+
+def test_an_unhashable_id_is_refused_alike(tmp_path, monkeypatch):
+    pytest.importorskip("msgspec")
+    text = (DATA / "gpu_two_steps.json").read_text()
+    at = text.index('"pid":', text.index('"cat": "cuda_runtime"'))
+    p = tmp_path / "ids.json"
+    p.write_text(text[:at] + '"pid": [100], "x"' + text[at + len('"pid"'):])
+    errors = []
+    for reading in ("fast", "loop"):
+        with monkeypatch.context() as m:
+            if reading == "loop":
+                m.setattr(fast, "msgspec", None)
+            with pytest.raises(ti.TraceFormatError, match=r"has pid \[100\]") as e:
+                from_torch_profiler(p)
+            errors.append(str(e.value))
+    assert errors[0] == errors[1]

@@ -238,7 +238,7 @@ def collect_block(c: _c.Collected, evs: list, first: int, state: dict, name: str
     (``t0``, ``t1``), which the loop keeps in locals."""
     try:
         plan = _plan(c, evs, match, module_match, read_python_functions)
-    except _Slow:
+    except (_Slow, TypeError):  # TypeError: an unhashable id met in a lookup
         return False
     plan(c, state)
     return True
@@ -308,6 +308,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     k_list = k_r.tolist()
     row_of = rows.tolist()
     memcpy_names: dict[str, tuple[str, str]] = {}
+    known, hits = c.lanes, match.cache  # the Matcher's cache of names seen
     for q in other:
         ev, k = sub[q], k_list[q]
         nm = ev.name
@@ -342,16 +343,24 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if direction != "HtoD":
                 other_copies.append((direction, nbytes))
                 continue
-            lane = lanes.one((_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True), row_of[q])
+            key = _gpu_key(a, ev)
+            lane = known.get(key)
+            if lane is None:
+                lane = lanes.one(key, row_of[q])
             corr = -1 if a is None else a.correlation
             corr = corr if type(corr) is int and -1 <= corr < _c.MAX_INDEX else -1
             copies.append((ts, dur, lane, corr, nbytes, tier))
         elif k == _c._GPU_ANN:
-            hit = match(nm)
+            hit = hits.get(nm, _MISS)
+            if hit is _MISS:
+                hit = match(nm)
             if hit is None:
                 unmatched += 1
                 continue
-            lane = lanes.one((_arg1(a, "device", ev.pid), _arg1(a, "stream", ev.tid), True), row_of[q])
+            key = _gpu_key(a, ev)
+            lane = known.get(key)
+            if lane is None:
+                lane = lanes.one(key, row_of[q])
             gpu_spans.append((lane, ts, end, hit))
         elif k == _c._CPU_ANN or k == _c._PY_FN:
             if nm.startswith("ProfilerStep#"):
@@ -364,12 +373,17 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
                     lane = lanes.one((_none(ev.pid), _none(ev.tid), False), row_of[q])
                     module_spans.append((lane, ts, end, hit))
                 continue
-            hit = match(nm)
+            hit = hits.get(nm, _MISS)
+            if hit is _MISS:
+                hit = match(nm)
             if hit is None:
                 if k == _c._CPU_ANN:
                     unmatched += 1
                 continue
-            lane = lanes.one((_none(ev.pid), _none(ev.tid), False), row_of[q])
+            key = (_none(ev.pid), _none(ev.tid), False)
+            lane = known.get(key)
+            if lane is None:
+                lane = lanes.one(key, row_of[q])
             cpu_spans.append((lane, ts, end, hit))
     timed = np.flatnonzero((k_r != _c.CPU_OP) & (k_r != _c._PY_FN))
     lo_hi = None
@@ -433,12 +447,15 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     return apply
 
 
-def _arg1(a: Any, key: str, default: Any) -> Any:
-    """``args.get(key, default)`` of the loop on one struct (None: no args)."""
+_MISS = object()
+
+
+def _gpu_key(a: Any, ev: Any) -> tuple:
+    """The lane of a copy or GPU annotation: ``args.get("device", pid)``, ``args.get("stream", tid)``."""
     if a is None:
-        return _none(default)
-    v = getattr(a, key)
-    return _none(default) if v is UNSET else v
+        return _none(ev.pid), _none(ev.tid), True
+    d, t = a.device, a.stream
+    return (_none(ev.pid) if d is UNSET else d), (_none(ev.tid) if t is UNSET else t), True
 
 
 def _none(v: Any) -> Any:
