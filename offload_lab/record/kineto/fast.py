@@ -5,11 +5,13 @@ own layouts), the block is decoded by ``msgspec`` into small structs that hold o
 the import reads (every other field is still parsed, so checked as JSON, but never built), and
 :func:`collect_block` applies the block to the :class:`~offload_lab.record.kineto.collect.Collected`
 columns with a few C-level passes instead of one Python call chain per event. It gives exactly
-what the per-event loop of :func:`~offload_lab.record.kineto.collect.collect_events` gives: a
-block in which anything is unusual (JSON ``msgspec`` refuses, a value of an unexpected type, a
-time or a byte count the loop would count as skipped, a lane not seen before) is left untouched
-and handed back to that loop, which raises the same error, at the same event and byte, as
-without this path. Without ``msgspec`` installed, every block takes the loop.
+what the per-event loop of :func:`~offload_lab.record.kineto.collect.collect_events` gives on
+torch's layouts (the same rows skipped, counted and read; lanes numbered in the order rows first
+use them): a block in which anything is unusual (JSON ``msgspec`` refuses, a phase outside the
+chrome format, a value of an unexpected type, a time or a byte count the loop would count as
+skipped or refuse) is left untouched and handed back to that loop, which raises the same error,
+at the same event and byte, as without this path. Without ``msgspec`` installed, every block
+takes the loop. ``tests/test_trace_fast.py`` holds the two paths to the same Runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from itertools import compress, repeat
 from operator import attrgetter
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -68,12 +70,10 @@ if msgspec is not None:
     # every other phase: parsed (so checked as JSON) into a struct of no field, its type its phase
     _OTHER = {ph: msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
               for i, ph in enumerate(PHASES) if ph != "X"}
-    _EVENT: Any = _Complete | _OTHER.pop("s") | _OTHER.pop("f")
-    _FLOWS = tuple(_EVENT.__args__[1:])
-    for _t in _OTHER.values():
-        _EVENT = _EVENT | _t
+    _FLOWS = {ph: _OTHER.pop(ph) for ph in ("s", "f")}
+    _EVENT: Any = Union[(_Complete, *_FLOWS.values(), *_OTHER.values())]
     #: struct type -> (0 complete, 1 flow arrow, 2 other; its phase)
-    _PHASE_OF = {_Complete: (0, "X"), **{t: (1, "sf"[i]) for i, t in enumerate(_FLOWS)},
+    _PHASE_OF = {_Complete: (0, "X"), **{t: (1, ph) for ph, t in _FLOWS.items()},
                  **{t: (2, ph) for ph, t in _OTHER.items()}}
     _ERRORS: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 else:  # pragma: no cover - exercised only without msgspec
@@ -84,7 +84,7 @@ else:  # pragma: no cover - exercised only without msgspec
 _CODE_OF = {t: v[0] for t, v in _PHASE_OF.items()}
 _CAT, _NAME = attrgetter("cat"), attrgetter("name")
 _PID, _TID, _TS, _DUR, _ARGS = (attrgetter(k) for k in ("pid", "tid", "ts", "dur", "args"))
-_DEVICE, _STREAM, _CORR, _BYTES = (attrgetter(k) for k in ("device", "stream", "correlation", "bytes"))
+_DEVICE, _STREAM, _CORR = (attrgetter(k) for k in ("device", "stream", "correlation"))
 # the loop's categories, "cpu_op" told apart from its other spelling (it counts "cpu_op" marks)
 _OP_CAT = 99
 _KIND = {**_c.CATS, "cpu_op": _OP_CAT}
@@ -117,7 +117,7 @@ def _numbers(raws: list) -> list:
     numbers (a string, null, an array, a missing time): the loop."""
     try:
         vals = json.loads(b"[" + b",".join(raws) + b"]")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # TypeError: a time that is missing
         raise _Slow from None
     if set(map(type, vals)) - {int, float}:
         raise _Slow
