@@ -186,32 +186,59 @@ class _Trace:
         return np.where(ok, self.s_num[np.clip(i, 0, last)], -1)
 
 
-def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[pd.DataFrame, str]:
-    """Kernels -> one compute row per layer use and stream; without kernels, CPU annotations."""
+def _compute(tr: _Trace, c: Collected, cpu_spans: list) -> tuple[dict[str, np.ndarray], str]:
+    """Kernels -> one compute row per layer use and stream; without kernels, CPU annotations.
+
+    Columns ``step``, ``layer_id``, ``start``, ``end``: the uses in order of their first kernel,
+    then the kernels outside every layer in trace order."""
     k_ts, k_dur = _array(c.k_ts, np.float64), _array(c.k_dur, np.float64)
     k_lane, k_corr = _array(c.k_lane, np.int32), _array(c.k_corr, np.int64)
     if len(k_ts):
         layer, root, found, lts = tr.attribute(k_lane, k_ts, k_corr)
         step = tr.step_of(np.where(found, lts, k_ts))
-        kdf = pd.DataFrame({"step": step, "layer_id": layer, "root": root, "lane": k_lane,
-                            "start": k_ts, "end": k_ts + k_dur})
-        inside = kdf["layer_id"] >= 0
-        uses = (kdf[inside].groupby(["root", "lane", "step", "layer_id"], sort=False)
-                .agg(start=("start", "min"), end=("end", "max")).reset_index())
-        cols = ["step", "layer_id", "lane", "start", "end"]
-        compute = pd.concat([uses[cols], kdf.loc[~inside, cols]], ignore_index=True)
+        end = k_ts + k_dur
+        inside = np.flatnonzero(layer >= 0)
+        outside = np.flatnonzero(layer < 0)
+        # one use = (root span, lane, step, layer); numbered in order of first appearance
+        use = _uses(root[inside], k_lane[inside], step[inside], layer[inside])
+        n_use = int(use.max()) + 1 if len(use) else 0
+        first = np.full(n_use, len(use), np.int64)
+        np.minimum.at(first, use, np.arange(len(use)))
+        lo = np.full(n_use, np.inf)
+        hi = np.full(n_use, -np.inf)
+        np.minimum.at(lo, use, k_ts[inside])
+        np.maximum.at(hi, use, end[inside])
+        head = inside[first]
+        compute = {"step": np.concatenate([step[head], step[outside]]),
+                   "layer_id": np.concatenate([layer[head], layer[outside]]),
+                   "start": np.concatenate([lo, k_ts[outside]]),
+                   "end": np.concatenate([hi, end[outside]])}
         source = "kernels"
     else:
         spans = _outermost([(s[0], s[1], s[2], tr.layer_ids[s[3]]) for s in cpu_spans])
         source = "cpu_annotations" if spans else "none"
-        compute = pd.DataFrame({
-            "layer_id": np.array([s[3] for s in spans], dtype=np.int64),
-            "lane": np.array([s[0] for s in spans], dtype=np.int64),
-            "start": np.array([s[1] for s in spans], dtype=np.float64),
-            "end": np.array([s[2] for s in spans], dtype=np.float64)})
-        compute.insert(0, "step", tr.step_of(compute["start"].to_numpy()))
-    compute["bytes"] = 0
+        start = np.array([s[1] for s in spans], dtype=np.float64)
+        compute = {"step": tr.step_of(start).astype(np.int64),
+                   "layer_id": np.array([s[3] for s in spans], dtype=np.int64),
+                   "start": start, "end": np.array([s[2] for s in spans], dtype=np.float64)}
+    compute["step"] = compute["step"].astype(np.int64, copy=False)
+    compute["layer_id"] = compute["layer_id"].astype(np.int64, copy=False)
     return compute, source
+
+
+def _uses(*cols: np.ndarray) -> np.ndarray:
+    """Ids of the distinct rows of ``cols`` (non-negative ints but ``step``, ≥ -1), numbered
+    in order of first appearance; one int64 key per row when their ranges fit in 62 bits."""
+    if not len(cols[0]):
+        return np.zeros(0, np.intp)
+    lo = [int(c.min()) for c in cols]
+    span = [int(c.max()) - m + 1 for c, m in zip(cols, lo)]
+    if sum(max(x - 1, 1).bit_length() for x in span) <= 62:
+        key = np.zeros(len(cols[0]), np.int64)
+        for c, m, x in zip(cols, lo, span):
+            key = key * x + (c.astype(np.int64) - m)
+        return pd.factorize(key)[0]
+    return pd.factorize(pd.MultiIndex.from_arrays(list(cols)))[0]
 
 
 def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -227,13 +254,18 @@ def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.nda
     out["end"] = out["start"] + np.array([x[1] for x in cp], dtype=np.float64)
     layer, _, found, lts = tr.attribute(out["lane"], out["start"], out["corr"])
     step = tr.step_of(np.where(found, lts, out["start"]))
-    comp_in = compute[compute["layer_id"] >= 0]
-    for lid, g in comp_in.groupby("layer_id"):
-        sel = np.flatnonzero(layer == lid)
+    c_lid, c_end, c_step = compute["layer_id"], compute["end"], compute["step"]
+    inside = np.flatnonzero(c_lid >= 0)
+    # each layer's computes in row order (a stable sort by layer), as a groupby hands them out
+    by_layer = inside[np.argsort(c_lid[inside], kind="stable")]
+    lids = c_lid[by_layer]
+    cut = np.flatnonzero(np.diff(lids)) + 1
+    for rows in np.split(by_layer, cut) if len(by_layer) else []:
+        sel = np.flatnonzero(layer == c_lid[rows[0]])
         if not len(sel):
             continue
-        g = g.sort_values("end")
-        ends, steps = g["end"].to_numpy(), g["step"].to_numpy()
+        order = c_end[rows].argsort(kind="quicksort")  # the sort pandas' sort_values("end") makes
+        ends, steps = c_end[rows][order], c_step[rows][order]
         i = np.searchsorted(ends, out["end"][sel], side="left")
         ok = i < len(ends)
         step[sel[ok]] = steps[i[ok]]
@@ -245,15 +277,16 @@ def _copies(tr: _Trace, c: Collected, compute: pd.DataFrame) -> dict[str, np.nda
 
 def _host_blocks(tr: _Trace, c: Collected, cp: dict[str, np.ndarray]) -> list[tuple]:
     """Host-side memcpy calls that blocked the thread: ``(step, layer_id, lane, start, end, tier, bytes)``."""
-    copy_by_corr = {int(x): k for k, x in enumerate(cp["corr"]) if x >= 0}
+    copy_by_corr = {x: k for k, x in enumerate(cp["corr"].tolist()) if x >= 0}
+    tier, step, layer, nbytes = (cp["tier"].tolist(), cp["step"].tolist(), cp["layer"].tolist(),
+                                 cp["bytes"].tolist())
     hb, unmatched = [], []
     for nm, ts, dur, lane, corr in c.memcpy_calls:
         k = copy_by_corr.get(corr)
         sync = "Async" not in nm
         if k is not None:
-            if cp["tier"][k] == "pageable" or sync:
-                hb.append((int(cp["step"][k]), int(cp["layer"][k]), lane, ts, ts + dur, cp["tier"][k],
-                           int(cp["bytes"][k])))
+            if tier[k] == "pageable" or sync:
+                hb.append((step[k], layer[k], lane, ts, ts + dur, tier[k], nbytes[k]))
         elif sync:
             unmatched.append((lane, ts, ts + dur))
     if unmatched:  # a blocking copy whose device side is not in the trace: tier unknown
@@ -270,15 +303,17 @@ def _host_blocks(tr: _Trace, c: Collected, cp: dict[str, np.ndarray]) -> list[tu
 def _placement(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray]) -> tuple[pd.DataFrame, list, list]:
     """Per observed layer: tier from its copies, bytes, streamed. Returns (frame, tiers by id, mixed)."""
     keys, n_layers = tr.keys, len(tr.keys)
-    comp_in = compute[compute["layer_id"] >= 0]
+    c_lid, c_step = compute["layer_id"], compute["step"]
     comp_steps: list[set[int]] = [set() for _ in range(n_layers)]
-    for lid, st in zip(comp_in["layer_id"].to_numpy(), comp_in["step"].to_numpy()):
-        if st >= 0:
-            comp_steps[lid].add(int(st))
+    sel = (c_lid >= 0) & (c_step >= 0)
+    # (layer, step) pairs, each once: a few per layer and step, whatever the number of kernels
+    for lid, st in set(zip(c_lid[sel].tolist(), c_step[sel].tolist())):
+        comp_steps[lid].add(st)
     tier_bytes: list[dict[str, int]] = [{} for _ in range(n_layers)]
     step_bytes: list[dict[int, int]] = [{} for _ in range(n_layers)]
-    for k in np.flatnonzero((cp["layer"] >= 0) & (cp["step"] >= 0)):
-        lid, t, b, st = int(cp["layer"][k]), cp["tier"][k], int(cp["bytes"][k]), int(cp["step"][k])
+    k = np.flatnonzero((cp["layer"] >= 0) & (cp["step"] >= 0))
+    for lid, t, b, st in zip(cp["layer"][k].tolist(), cp["tier"][k].tolist(), cp["bytes"][k].tolist(),
+                             cp["step"][k].tolist()):
         tier_bytes[lid][t] = tier_bytes[lid].get(t, 0) + b
         step_bytes[lid][st] = step_bytes[lid].get(st, 0) + b
     tiers, mixed = [], []
@@ -309,20 +344,20 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
     layer_tier = np.array([*tiers, "unknown"], dtype=object)   # index -1 -> "unknown"
     group_of = np.array([*(k[0] for k in tr.keys), NO_GROUP], dtype=object)
     index_of = np.array([*(k[1] for k in tr.keys), NO_LAYER], dtype=np.int64)
-    n_comp, n_cp, n_hb = len(compute), len(cp["start"]), len(hb)
-    comp_lid = compute["layer_id"].to_numpy(np.int64)
+    n_comp, n_cp, n_hb = len(compute["step"]), len(cp["start"]), len(hb)
+    comp_lid = compute["layer_id"]
     col = {
-        "step": np.concatenate([compute["step"].to_numpy(np.int64), cp["step"],
+        "step": np.concatenate([compute["step"], cp["step"],
                                 np.array([h[0] for h in hb], dtype=np.int64)]),
         "layer_id": np.concatenate([comp_lid, cp["layer"], np.array([h[1] for h in hb], dtype=np.int64)]),
-        "kind": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host_block"] * n_hb, dtype=object),
-        "stream": np.array(["compute"] * n_comp + ["copy"] * n_cp + ["host"] * n_hb, dtype=object),
+        # 0 compute, 1 copy, 2 host_block (on the host stream)
+        "kind": np.repeat(np.arange(3), [n_comp, n_cp, n_hb]),
         "tier": np.concatenate([layer_tier[comp_lid], cp["tier"], np.array([h[5] for h in hb], dtype=object)]),
         "bytes": np.concatenate([np.zeros(n_comp, np.int64), cp["bytes"],
                                  np.array([h[6] for h in hb], dtype=np.int64)]),
-        "start": np.concatenate([compute["start"].to_numpy(np.float64), cp["start"],
+        "start": np.concatenate([compute["start"], cp["start"],
                                  np.array([h[3] for h in hb], dtype=np.float64)]),
-        "end": np.concatenate([compute["end"].to_numpy(np.float64), cp["end"],
+        "end": np.concatenate([compute["end"], cp["end"],
                                np.array([h[4] for h in hb], dtype=np.float64)]),
     }
     st = col["step"]
@@ -330,25 +365,45 @@ def _events(tr: _Trace, compute: pd.DataFrame, cp: dict[str, np.ndarray], hb: li
     outside = {k: int((v == -1).sum()) for k, v in parts.items()}
     unused = {k: int((parts[k] == _NO_USE).sum()) for k in ("copy", "host_block")}
     col = {k: v[st >= 0] for k, v in col.items()}
+    n = len(col["step"])
+    tiers_l = col["tier"].tolist()
+    tier_names = list(dict.fromkeys(tiers_l))  # a few names: hashed as strs, not scanned as objects
+    tier_code = np.fromiter(map({t: i for i, t in enumerate(tier_names)}.__getitem__, tiers_l), np.intp,
+                            count=len(tiers_l))
+    start_s, end_s = (col["start"] - tr.t0) / 1e6, (col["end"] - tr.t0) / 1e6
+    # every column of the contract, in its dtype and order, so the Run takes the frame as it is
+    # (and still checks its values)
     events = pd.DataFrame({
-        "run": run_id, "step": col["step"], "group": group_of[col["layer_id"]],
-        "layer": index_of[col["layer_id"]], "kind": col["kind"], "stream": col["stream"],
-        "tier": col["tier"], "bytes": col["bytes"],
-        "start_s": (col["start"] - tr.t0) / 1e6, "end_s": (col["end"] - tr.t0) / 1e6,
+        "run": _strings([run_id], np.zeros(n, np.intp)), "step": col["step"], "call": np.zeros(n, np.int64),
+        "group": _strings(group_of, col["layer_id"]),
+        "layer": index_of[col["layer_id"]], "kind": _strings(["compute", "copy", "host_block"], col["kind"]),
+        "stream": _strings(["compute", "copy", "host"], col["kind"]),
+        "tier": _strings(tier_names, tier_code), "bytes": col["bytes"],
+        "start_s": start_s, "end_s": end_s, "dur_s": end_s - start_s, "rank": np.zeros(n, np.int64),
     })
     return events, outside, unused
 
 
+def _strings(values: Any, codes: np.ndarray) -> Any:
+    """A ``string`` column holding ``values[codes]`` (-1: the last value), built from the few
+    distinct values, not converted row by row."""
+    return pd.array(list(values), dtype="string").take(codes)
+
+
 def _bounds(tr: _Trace, events: pd.DataFrame) -> pd.DataFrame:
     """Step bounds: the ProfilerStep span widened to the rows it holds."""
-    b = pd.DataFrame({"step": tr.s_num, "start_s": (tr.s_start - tr.t0) / 1e6, "end_s": (tr.s_end - tr.t0) / 1e6})
+    start, end = (tr.s_start - tr.t0) / 1e6, (tr.s_end - tr.t0) / 1e6
     if len(events):
-        span = events.groupby("step").agg(lo=("start_s", "min"), hi=("end_s", "max"))
-        b = b.join(span, on="step")
-        b["start_s"] = np.fmin(b["start_s"], b["lo"])
-        b["end_s"] = np.fmax(b["end_s"], b["hi"])
-        b = b[["step", "start_s", "end_s"]]
-    return b
+        steps, at = np.unique(events["step"].to_numpy(), return_inverse=True)
+        lo = np.full(len(steps), np.inf)
+        hi = np.full(len(steps), -np.inf)
+        np.minimum.at(lo, at, events["start_s"].to_numpy())
+        np.maximum.at(hi, at, events["end_s"].to_numpy())
+        i = np.minimum(np.searchsorted(steps, tr.s_num), len(steps) - 1)
+        has = steps[i] == tr.s_num  # a step without rows keeps its span
+        start = np.where(has, np.fmin(start, lo[i]), start)
+        end = np.where(has, np.fmax(end, hi[i]), end)
+    return pd.DataFrame({"step": tr.s_num, "start_s": start, "end_s": end})
 
 
 def _nothing_to_show(c: Collected, reader: Reader, name: str) -> TraceFormatError:

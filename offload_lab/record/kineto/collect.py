@@ -19,6 +19,7 @@ UNNAMED_GROUP = "layers"
 #: ``nn.Module: Block_3`` as written by torch.profiler with ``with_stack=True``.
 MODULE_PATTERN = r"^nn\.Module: (?P<group>[A-Za-z_]\w*?)_(?P<layer>\d+)$"
 
+_MODULE = re.compile(MODULE_PATTERN)
 _MEMCPY = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 
@@ -267,7 +268,7 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
     """What the frames need from every event of ``reader``, layers named by ``options.patterns``
     (and ``nn.Module`` spans when those are the default)."""
     match = Matcher(options.patterns)
-    module_match = Matcher([re.compile(MODULE_PATTERN)]) if options.default_patterns else None
+    module_match = Matcher([_MODULE]) if options.default_patterns else None
     # The per-event loop of the import (millions of rows): the two hot categories (kernels and
     # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
     c = Collected()
@@ -282,6 +283,21 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
         return reader.index(j)
 
     lane_of = _Lanes(c, name, here)
+    from offload_lab.record.kineto import fast  # it reads this module's names
+
+    span = {"t0": t0, "t1": t1}
+    if not reader.decode_all and fast.available():
+        read_py = module_match is None
+
+        def block(evs: list, first: int) -> bool:
+            nonlocal t0, t1
+            span["t0"], span["t1"] = t0, t1
+            if not fast.collect_block(c, evs, first, span, name, match, module_match, read_py):
+                return False
+            t0, t1 = span["t0"], span["t1"]
+            return True
+
+        reader.fast = block
     for pairs, n_events, cpu_marks in reader.events():
         cpu_before = by_cat.get("cpu_op", 0)
         for j, (ev, _) in enumerate(pairs):  # noqa: B007 - `here` reads j to name a bad event
@@ -342,10 +358,12 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
                     c.memcpy_calls.append((nm, ts, dur, lane, corr))
                 continue
             _named_row(c, ev, kind, cat, ts, dur, lane_of, match, module_match)
-        if cpu_marks:  # a Kineto block: rows framed but never decoded
+        if cpu_marks is not None:  # a Kineto block: rows framed but never decoded
             decoded_cpu = by_cat.get("cpu_op", 0) - cpu_before
-            by_cat["cpu_op"] = cpu_before + cpu_marks
-            c.unused += n_events - len(pairs) - (cpu_marks - decoded_cpu)
+            if cpu_marks:
+                by_cat["cpu_op"] = cpu_before + cpu_marks
+            # a block without ops (the GPU rows, after the CPU ones) has its skipped flows too
+            c.unused += n_events - len(pairs) - max(cpu_marks - decoded_cpu, 0)
     c.t0, c.t1 = t0, t1
     _count_devices(c)
     return c

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
@@ -89,6 +90,8 @@ class TraceText:
 
     def offset(self, pos: int) -> int:
         """Byte offset of ``buf[pos]`` (characters are bytes in ASCII text, the usual case)."""
+        if self.buf.isascii():  # O(1) for a str: no copy of the head to measure it
+            return self.base + pos
         head = self.buf[:pos]
         return self.base + (len(head) if head.isascii() else len(head.encode("utf-8")))
 
@@ -114,6 +117,11 @@ class Reader:
         self._batch: tuple = (None, 0, None, None)
         self._scan = json.scanner.make_scanner(json.JSONDecoder())
         self._layouts = _layouts(read_python_functions)
+        #: ``fast(events, index) -> bool``: takes a framed block decoded whole (its events as
+        #: :class:`~offload_lab.record.kineto.fast.BlockDecoder` gives them, the first one's index
+        #: in traceEvents); False sends the block down the per-event path (set by the collector)
+        self.fast: Callable[[list, int], bool] | None = None
+        self._blocks: Any = None
 
     # -- low level -------------------------------------------------------------------------
     def _truncated(self, what: str) -> TraceFormatError:
@@ -300,6 +308,25 @@ class Reader:
                 j = buf.rfind(lay.sep, pos)
                 if j <= pos:  # no whole block in this buffer: do not look again until it changes
                     missed = (t.base, len(buf))
+            if j > pos and self.fast is not None:
+                # the whole block in one C call: JSON that decodes from an event's start to the
+                # end of a separator's '}' is a whole number of events, so nothing is counted
+                end = j + lay.end_off
+                if self._blocks is None:
+                    from offload_lab.record.kineto.fast import BlockDecoder
+
+                    self._blocks = BlockDecoder()
+                evs = self._blocks.decode(buf[pos:end])
+                if evs is not None:
+                    if pending:
+                        self._batch = (None, idx - len(pending), None, None)
+                        yield pending, len(pending), None
+                        pending = []
+                    if self.fast(evs, idx):
+                        idx += len(evs)
+                        self.n_events = idx
+                        pos = j + lay.next_off
+                        continue
             if j > pos:
                 # [pos, end) holds whole events; the next one starts at j + next_off. As many
                 # events as separators + 1, or the block is not what it seems (a missing comma,
@@ -319,7 +346,7 @@ class Reader:
                 if ok:
                     if pending:
                         self._batch = (None, idx - len(pending), None, None)
-                        yield pending, len(pending), 0
+                        yield pending, len(pending), None
                         pending = []
                     self._batch = (pos, idx, heads, lay.sep)
                     yield pairs, n, buf.count(lay.cpu_marker, pos, end)
@@ -348,7 +375,7 @@ class Reader:
             pending.append((ev, None))
             if len(pending) >= 4096:
                 self._batch = (None, idx - len(pending), None, None)
-                yield pending, len(pending), 0
+                yield pending, len(pending), None
                 pending = []
             pos = ws(buf, pos).end()
             if pos >= len(buf):
@@ -370,7 +397,7 @@ class Reader:
                 self.pos = pos + 1
                 if pending:
                     self._batch = (None, idx - len(pending), None, None)
-                    yield pending, len(pending), 0
+                    yield pending, len(pending), None
                 return
             raise TraceFormatError(f"{t.name}: invalid JSON after event {idx - 1} at {t.where(pos)}: "
                                    f"expected ',' or ']' between events, found {buf[pos:pos + 20]!r}")
@@ -390,16 +417,26 @@ class _Layout:
                  cpu_marker: str, skip: str, first: str | None):
         self.sep, self.end_off, self.next_off, self.start = sep, end_off, next_off, start
         self.cpu_marker = cpu_marker
-        self.heads = re.compile(head + "(?!" + skip + ")")
-        self.first = re.compile(first + "(?!" + skip + ")") if first else None
+        self._rx = (head + "(?!" + skip + ")", first + "(?!" + skip + ")" if first else None)
+        self.is_lines = first is not None
+
+    @functools.cached_property
+    def heads(self) -> re.Pattern:
+        # compiled when a block is first read event by event (never, when msgspec reads them all)
+        return re.compile(self._rx[0])
+
+    @functools.cached_property
+    def first(self) -> re.Pattern | None:
+        return re.compile(self._rx[1]) if self._rx[1] else None
 
     def framed(self, buf: str, pos: int, end: int, n: int) -> bool:
         """Whether [pos, end) is exactly ``n`` events in this layout."""
-        if self.first is None:  # Kineto: one head line per event
+        if not self.is_lines:  # Kineto: one head line per event
             return buf.count(self.start, pos, end) == n
         return buf.count("\n", pos, end) == n - 1  # one event per line
 
 
+@functools.cache
 def _layouts(read_python_functions: bool) -> tuple[_Layout, _Layout]:
     """Kineto's own writer (torch <= 2.x: first keys on one line; newer: one key per line) and
     torch's Python writer (``use_python_export=True``: one event per line, no spaces)."""
