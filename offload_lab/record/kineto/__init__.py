@@ -110,7 +110,7 @@ from typing import Any
 from offload_lab.checks import is_int
 from offload_lab.record.gather import merge_ranks
 from offload_lab.record.kineto.build import NO_GROUP, NO_LAYER, build_run
-from offload_lab.record.kineto.collect import MODULE_PATTERN, UNNAMED_GROUP, collect_events
+from offload_lab.record.kineto.collect import collect_events
 from offload_lab.record.kineto.fast import available as _fast_available  # noqa: F401 - msgspec at import
 from offload_lab.record.kineto.options import (
     DEFAULT_LAYER_PATTERN,
@@ -124,6 +124,7 @@ from offload_lab.record.kineto.reader import (
     iter_trace_events,
     open_trace,
 )
+from offload_lab.record.kineto.rows import MODULE_PATTERN, UNNAMED_GROUP
 from offload_lab.record.run import Run
 
 __all__ = ["from_torch_profiler", "iter_trace_events", "TraceImportOptions", "TraceImportError",

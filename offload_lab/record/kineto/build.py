@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from offload_lab.record.kineto.collect import CATS, CPU_OP, GPU_MEMSET, Collected
 from offload_lab.record.kineto.options import TraceImportOptions
 from offload_lab.record.kineto.reader import Reader, TraceFormatError
+from offload_lab.record.kineto.rows import CATS, CPU_OP, GPU_MEMSET, Collected
 from offload_lab.record.run import Run
 
 NO_GROUP = ""

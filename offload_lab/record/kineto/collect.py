@@ -2,66 +2,32 @@
 
 from __future__ import annotations
 
-import re
-from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from offload_lab.record.kineto import fast
 from offload_lab.record.kineto.options import TraceImportOptions
 from offload_lab.record.kineto.reader import Reader, TraceFormatError
-from offload_lab.record.schema import MAX_INDEX as FRAME_MAX_INDEX
-
-#: the group of layers matched by a ``layer_pattern`` without a (non-empty) ``group`` group
-UNNAMED_GROUP = "layers"
-
-#: ``nn.Module: Block_3`` as written by torch.profiler with ``with_stack=True``.
-MODULE_PATTERN = r"^nn\.Module: (?P<group>[A-Za-z_]\w*?)_(?P<layer>\d+)$"
-
-_MODULE = re.compile(MODULE_PATTERN)
-_MEMCPY = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
-_STEP = re.compile(r"ProfilerStep#(\d+)$")
-
-# category -> handler code; Kineto's spellings across torch versions
-_GPU_KERNEL, _GPU_MEMCPY, GPU_MEMSET, _GPU_ANN, _CPU_ANN, _PY_FN, _RUNTIME, CPU_OP = range(8)
-CATS = {
-    "kernel": _GPU_KERNEL, "Kernel": _GPU_KERNEL,
-    "gpu_memcpy": _GPU_MEMCPY, "Memcpy": _GPU_MEMCPY,
-    "gpu_memset": GPU_MEMSET, "Memset": GPU_MEMSET,
-    "gpu_user_annotation": _GPU_ANN,
-    "user_annotation": _CPU_ANN,
-    "python_function": _PY_FN,
-    "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
-    "cpu_op": CPU_OP, "Operator": CPU_OP,
-}
-
-
-
-
-class Matcher:
-    """Annotation name -> (group, layer) or None, cached (names repeat every step)."""
-
-    def __init__(self, patterns: Sequence[re.Pattern]):
-        self.patterns = patterns
-        self.cache: dict[str, tuple[str, int] | None] = {}
-
-    def __call__(self, name: str) -> tuple[str, int] | None:
-        try:
-            return self.cache[name]
-        except KeyError:
-            pass
-        hit = None
-        for p in self.patterns:
-            m = p.search(name)
-            if m:
-                layer = int(m.group("layer"))
-                # an index past the frames' bound names no layer (a run would refuse it)
-                hit = (m.groupdict().get("group") or UNNAMED_GROUP, layer) if layer < MAX_STEP else None
-                break
-        if len(self.cache) < 1_000_000:
-            self.cache[name] = hit
-        return hit
+from offload_lab.record.kineto.rows import (
+    CATS,
+    CPU_ANN,
+    CPU_OP,
+    GPU_ANN,
+    GPU_KERNEL,
+    GPU_MEMCPY,
+    MAX_BYTES,
+    MAX_INDEX,
+    MAX_US,
+    MEMCPY,
+    MODULE,
+    PY_FN,
+    RUNTIME,
+    Collected,
+    Matcher,
+    step_span,
+)
 
 
 def _num(ev: dict, key: str, here: Callable[[], int], name: str) -> float:
@@ -82,57 +48,6 @@ def _args(ev: dict, here: Callable[[], int], name: str) -> dict:
         raise TraceFormatError(f"{name}: event {here()} ({ev.get('name')!r}) has 'args' = {a!r:.60} "
                                f"({type(a).__name__}); expected an object")
     return a
-
-
-class Collected:
-    """Compact columns of the rows that matter, in raw trace microseconds."""
-
-    def __init__(self) -> None:
-        self.t0 = float("inf")
-        self.t1 = float("-inf")
-        self.lanes: dict[tuple, int] = {}
-        self.lane_keys: list[tuple] = []       # (pid, tid-or-stream, is_gpu)
-        self.k_ts, self.k_dur = array("d"), array("d")
-        self.k_lane, self.k_corr = array("i"), array("q")
-        self.r_corr, self.r_ts, self.r_lane = array("q"), array("d"), array("i")
-        self.copies: list[tuple] = []          # (ts, dur, lane, corr, bytes, tier)
-        self.other_copies: dict[str, list[int]] = {}   # direction -> [count, bytes]
-        self.memcpy_calls: list[tuple] = []    # (name, ts, dur, lane, corr)
-        self.gpu_spans: list[tuple] = []       # (lane, ts, end, (group, layer))
-        self.cpu_spans: list[tuple] = []
-        self.module_spans: list[tuple] = []
-        self.steps: dict[int, list[float]] = {}
-        self.by_cat: dict[str, int] = {}
-        self.by_ph: dict[str, int] = {}
-        self.negative_dur = 0
-        self.bad_times = 0     # NaN, infinite or absurd ts / dur
-        self.bad_bytes = 0     # memcpy bytes negative or absurd
-        self.bad_steps = 0     # ProfilerStep numbers past MAX_STEP
-        self.unmatched_annotations = 0
-        self.unused = 0    # flow arrows and python frames other than nn.Module: never read
-        self.devices: dict[int, int] = {}      # device id -> GPU rows
-
-
-#: bounds past which a number in a trace is not a time, a byte count or a step (they would
-#: overflow the frames' int64 / lose all precision in float64): such rows are counted and skipped
-MAX_US = 1e17          # ~3,000 years in microseconds; Kineto writes µs since the epoch (~1.7e15)
-MAX_BYTES = 1 << 50    # one copy of a PiB
-MAX_INDEX = 1 << 53    # correlation ids
-MAX_STEP = FRAME_MAX_INDEX  # step numbers and layer indices: what the frames accept (10^9)
-
-
-def _step_span(c: Collected, nm: str, ts: float, dur: float) -> None:
-    ms = _STEP.match(nm)
-    if ms:
-        n = int(ms.group(1))
-        if n >= MAX_STEP:
-            c.bad_steps += 1
-            return
-        span = c.steps.get(n)
-        if span is None:
-            c.steps[n] = [ts, ts + dur]
-        else:  # the same step seen on two threads: one span around both
-            span[0], span[1] = min(span[0], ts), max(span[1], ts + dur)
 
 
 class _Lanes:
@@ -208,9 +123,9 @@ def _named_row(c: Collected, ev: dict, kind: int, cat: Any, ts: float, dur: floa
     if type(nm) is not str:
         raise TraceFormatError(f"{name}: event {here()} (cat {cat!r}) has 'name' = {nm!r:.60}; expected "
                                f"a string")
-    if kind == _GPU_MEMCPY:
+    if kind == GPU_MEMCPY:
         _memcpy(c, ev, nm, ts, dur, lane_of)
-    elif kind == _GPU_ANN:
+    elif kind == GPU_ANN:
         hit = match(nm)
         if hit is None:
             c.unmatched_annotations += 1
@@ -218,11 +133,11 @@ def _named_row(c: Collected, ev: dict, kind: int, cat: Any, ts: float, dur: floa
         args = _args(ev, here, name)
         pid = args.get("device", ev.get("pid"))
         c.gpu_spans.append((lane_of(pid, args.get("stream", ev.get("tid")), True), ts, ts + dur, hit))
-    elif kind == _CPU_ANN or kind == _PY_FN:
+    elif kind == CPU_ANN or kind == PY_FN:
         if nm.startswith("ProfilerStep#"):
-            _step_span(c, nm, ts, dur)
+            step_span(c, nm, ts, dur)
             return
-        if kind == _PY_FN and module_match is not None:
+        if kind == PY_FN and module_match is not None:
             if nm.startswith("nn.Module: "):
                 hit = module_match(nm)
                 if hit is not None:
@@ -233,7 +148,7 @@ def _named_row(c: Collected, ev: dict, kind: int, cat: Any, ts: float, dur: floa
             return
         hit = match(nm)
         if hit is None:
-            if kind == _CPU_ANN:
+            if kind == CPU_ANN:
                 c.unmatched_annotations += 1
             return
         c.cpu_spans.append((lane_of(ev.get("pid"), ev.get("tid"), False), ts, ts + dur, hit))
@@ -241,7 +156,7 @@ def _named_row(c: Collected, ev: dict, kind: int, cat: Any, ts: float, dur: floa
 
 def _memcpy(c: Collected, ev: dict, nm: str, ts: float, dur: float, lane_of: _Lanes) -> None:
     args = _args(ev, lane_of.here, lane_of.name)
-    m = _MEMCPY.match(nm)
+    m = MEMCPY.match(nm)
     direction = m.group(1) if m else nm
     nbytes = args.get("bytes", 0)
     if type(nbytes) is float and nbytes.is_integer():
@@ -268,7 +183,7 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
     """What the frames need from every event of ``reader``, layers named by ``options.patterns``
     (and ``nn.Module`` spans when those are the default)."""
     match = Matcher(options.patterns)
-    module_match = Matcher([_MODULE]) if options.default_patterns else None
+    module_match = Matcher([MODULE]) if options.default_patterns else None
     # The per-event loop of the import (millions of rows): the two hot categories (kernels and
     # runtime calls) are handled inline on local names, which is why this runs past ~80 lines.
     c = Collected()
@@ -283,7 +198,6 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
         return reader.index(j)
 
     lane_of = _Lanes(c, name, here)
-    from offload_lab.record.kineto import fast  # it reads this module's names
 
     span = {"t0": t0, "t1": t1}
     if not reader.decode_all and fast.available():
@@ -306,7 +220,7 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
                 continue
             ts, dur, cat = head
             kind = cats.get(cat)
-            if kind != CPU_OP and kind != _PY_FN:
+            if kind != CPU_OP and kind != PY_FN:
                 # the origin and the end of the trace come from the rows that are always decoded,
                 # so that both ways of reading a file give the same times
                 if ts < t0:
@@ -319,9 +233,9 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
                 # torch < 1.11 wrote ProfilerStep#N as a cpu_op
                 nm = ev.get("name")
                 if type(nm) is str and nm.startswith("ProfilerStep#"):
-                    _step_span(c, nm, ts, dur)
+                    step_span(c, nm, ts, dur)
                 continue
-            if kind == _GPU_KERNEL:
+            if kind == GPU_KERNEL:
                 args = ev.get("args")
                 if type(args) is not dict:
                     args = _args(ev, here, name)
@@ -340,7 +254,7 @@ def collect_events(reader: Reader, name: str, options: TraceImportOptions) -> Co
                 k_lane(lane)
                 k_corr(_corr(args))
                 continue
-            if kind == _RUNTIME:  # the kernel branch's shape again, inline on purpose (hot path)
+            if kind == RUNTIME:  # the kernel branch's shape again, inline on purpose (hot path)
                 args = ev.get("args")
                 if type(args) is not dict:
                     args = _args(ev, here, name)

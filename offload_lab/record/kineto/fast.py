@@ -3,7 +3,7 @@
 Where :class:`~offload_lab.record.kineto.reader.Reader` frames a block of whole events (torch's
 own layouts), the block is decoded by ``msgspec`` into small structs that hold only the fields
 the import reads (every other field is still parsed, so checked as JSON, but never built), and
-:func:`collect_block` applies the block to the :class:`~offload_lab.record.kineto.collect.Collected`
+:func:`collect_block` applies the block to the :class:`~offload_lab.record.kineto.rows.Collected`
 columns with a few C-level passes instead of one Python call chain per event. It gives exactly
 what the per-event loop of :func:`~offload_lab.record.kineto.collect.collect_events` gives on
 torch's layouts (the same rows skipped, counted and read; lanes numbered in the order rows first
@@ -31,7 +31,7 @@ try:
 except ImportError:  # the per-event loop reads every block
     msgspec = None
 
-from offload_lab.record.kineto import collect as _c
+from offload_lab.record.kineto import rows as kept
 
 __all__ = ["available", "BlockDecoder", "collect_block", "UNSET"]
 
@@ -87,7 +87,7 @@ _PID, _TID, _TS, _DUR, _ARGS = (attrgetter(k) for k in ("pid", "tid", "ts", "dur
 _DEVICE, _STREAM, _CORR = (attrgetter(k) for k in ("device", "stream", "correlation"))
 # the loop's categories, "cpu_op" told apart from its other spelling (it counts "cpu_op" marks)
 _OP_CAT = 99
-_KIND = {**_c.CATS, "cpu_op": _OP_CAT}
+_KIND = {**kept.CATS, "cpu_op": _OP_CAT}
 # |ts| and |dur| past 2^53 go to the loop: there an int and its float differ, and the loop
 # compares the int
 _SAFE_US = float(1 << 53)
@@ -172,9 +172,9 @@ def _corrs(args: list) -> np.ndarray:
         except OverflowError:
             out = None
         if out is not None:
-            out[(out < -1) | (out >= _c.MAX_INDEX)] = -1
+            out[(out < -1) | (out >= kept.MAX_INDEX)] = -1
             return out
-    return np.array([v if type(v) is int and -1 <= v < _c.MAX_INDEX else -1 for v in vals], dtype=np.int64)
+    return np.array([v if type(v) is int and -1 <= v < kept.MAX_INDEX else -1 for v in vals], dtype=np.int64)
 
 
 def _args_list(evs: list) -> list:
@@ -231,8 +231,8 @@ def _resolved(ids: list, new: dict) -> list:
     return [x if type(x) is int else new[x] for x in ids]
 
 
-def collect_block(c: _c.Collected, evs: list, first: int, state: dict, name: str, match: _c.Matcher,
-                  module_match: _c.Matcher | None, read_python_functions: bool) -> bool:
+def collect_block(c: kept.Collected, evs: list, first: int, state: dict, name: str, match: kept.Matcher,
+                  module_match: kept.Matcher | None, read_python_functions: bool) -> bool:
     """Apply the block ``evs`` (events ``first``.. of traceEvents) to ``c``; False, with ``c``
     untouched, when the block needs the per-event loop. ``state`` holds the trace's time span
     (``t0``, ``t1``), which the loop keeps in locals."""
@@ -244,8 +244,8 @@ def collect_block(c: _c.Collected, evs: list, first: int, state: dict, name: str
     return True
 
 
-def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matcher | None,
-          read_python_functions: bool) -> Callable[[_c.Collected, dict], None]:
+def _plan(c: kept.Collected, evs: list, match: kept.Matcher, module_match: kept.Matcher | None,
+          read_python_functions: bool) -> Callable[[kept.Collected, dict], None]:
     """Everything the block adds, worked out without touching ``c``; returns what applies it."""
     types = list(map(type, evs))
     code = np.fromiter(map(_CODE_OF.__getitem__, types), dtype=np.int8, count=len(evs))
@@ -260,11 +260,11 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     except TypeError:  # an unhashable category: the loop names it
         raise _Slow from None
     op_cat = kind == _OP_CAT
-    kind[op_cat] = _c.CPU_OP
+    kind[op_cat] = kept.CPU_OP
     # the rows torch's layouts let the reader skip undecoded (Reader._array): ops that are no
     # ProfilerStep, flow arrows and, with the default patterns, Python frames but nn.Module
-    op = kind == _c.CPU_OP
-    py = kind == _c._PY_FN
+    op = kind == kept.CPU_OP
+    py = kind == kept.PY_FN
     keep = np.zeros(n, dtype=bool)  # op / py rows that are read
     opy = op | py
     if opy.any():
@@ -288,7 +288,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         raise _Slow  # NaN, infinite, absurd or negative: the loop counts and skips them
     lanes = _Lanes(c.lanes)
     # kernels and runtime calls: the loop's two inline branches, column-wise
-    is_k, is_r = k_r == _c._GPU_KERNEL, k_r == _c._RUNTIME
+    is_k, is_r = k_r == kept.GPU_KERNEL, k_r == kept.RUNTIME
     kern = list(compress(sub, is_k))
     k_args = _args_list(kern)
     k_lane = lanes.ids(_kernel_keys(kern, k_args), rows[is_k].tolist())
@@ -312,7 +312,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
     for q in other:
         ev, k = sub[q], k_list[q]
         nm = ev.name
-        if k == _c.CPU_OP:  # torch < 1.11 wrote ProfilerStep#N as a cpu_op
+        if k == kept.CPU_OP:  # torch < 1.11 wrote ProfilerStep#N as a cpu_op
             if type(nm) is str and nm.startswith("ProfilerStep#"):
                 step_rows.append((nm, ts_l[q], dur_l[q]))
             continue
@@ -323,11 +323,11 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         a = ev.args
         if a is UNSET:
             a = None
-        if k == _c._GPU_MEMCPY:
+        if k == kept.GPU_MEMCPY:
             try:
                 direction, tier = memcpy_names[nm]
             except KeyError:
-                m = _c._MEMCPY.match(nm)
+                m = kept.MEMCPY.match(nm)
                 src = (m.group(2) or "") if m else ""
                 direction = m.group(1) if m else nm
                 tier = "pinned" if src == "Pinned" else "pageable" if src == "Pageable" else "unknown"
@@ -337,7 +337,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
                 nbytes = int(nbytes)
             if type(nbytes) is not int:
                 raise _Slow
-            if not 0 <= nbytes < _c.MAX_BYTES:
+            if not 0 <= nbytes < kept.MAX_BYTES:
                 bad_bytes += 1
                 continue
             if direction != "HtoD":
@@ -348,9 +348,9 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if lane is None:
                 lane = lanes.one(key, row_of[q])
             corr = -1 if a is None else a.correlation
-            corr = corr if type(corr) is int and -1 <= corr < _c.MAX_INDEX else -1
+            corr = corr if type(corr) is int and -1 <= corr < kept.MAX_INDEX else -1
             copies.append((ts, dur, lane, corr, nbytes, tier))
-        elif k == _c._GPU_ANN:
+        elif k == kept.GPU_ANN:
             hit = hits.get(nm, _MISS)
             if hit is _MISS:
                 hit = match(nm)
@@ -362,11 +362,11 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if lane is None:
                 lane = lanes.one(key, row_of[q])
             gpu_spans.append((lane, ts, end, hit))
-        elif k == _c._CPU_ANN or k == _c._PY_FN:
+        elif k == kept.CPU_ANN or k == kept.PY_FN:
             if nm.startswith("ProfilerStep#"):
                 step_rows.append((nm, ts, dur))
                 continue
-            if k == _c._PY_FN and module_match is not None:
+            if k == kept.PY_FN and module_match is not None:
                 # only nn.Module frames are read here (the others were skipped above)
                 hit = module_match(nm)
                 if hit is not None:
@@ -377,7 +377,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if hit is _MISS:
                 hit = match(nm)
             if hit is None:
-                if k == _c._CPU_ANN:
+                if k == kept.CPU_ANN:
                     unmatched += 1
                 continue
             key = (_none(ev.pid), _none(ev.tid), False)
@@ -385,7 +385,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             if lane is None:
                 lane = lanes.one(key, row_of[q])
             cpu_spans.append((lane, ts, end, hit))
-    timed = np.flatnonzero((k_r != _c.CPU_OP) & (k_r != _c._PY_FN))
+    timed = np.flatnonzero((k_r != kept.CPU_OP) & (k_r != kept.PY_FN))
     lo_hi = None
     if len(timed):
         lo = int(timed[int(np.argmin(ts_f[timed]))])
@@ -405,7 +405,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
             [(x[0] if type(x[0]) is int else new[x[0]], *x[1:]) for x in spans]
             for spans in (gpu_spans, cpu_spans, module_spans))
 
-    def apply(c: _c.Collected, state: dict) -> None:
+    def apply(c: kept.Collected, state: dict) -> None:
         for key in new:
             c.lanes[key] = len(c.lane_keys)
             c.lane_keys.append(key)
@@ -440,7 +440,7 @@ def _plan(c: _c.Collected, evs: list, match: _c.Matcher, module_match: _c.Matche
         c.cpu_spans.extend(cpu_spans)
         c.module_spans.extend(module_spans)
         for nm, ts, dur in step_rows:
-            _c._step_span(c, nm, ts, dur)
+            kept.step_span(c, nm, ts, dur)
         c.bad_bytes += bad_bytes
         c.unmatched_annotations += unmatched
 

@@ -19,6 +19,7 @@ from offload_lab.reading import (
     describe_size,
     open_binary,
 )
+from offload_lab.record.kineto.fast import BlockDecoder
 from offload_lab.record.kineto.options import (
     DEFAULT_OPTIONS,
     MAX_VALUE_CHARS,
@@ -313,8 +314,6 @@ class Reader:
                 # end of a separator's '}' is a whole number of events, so nothing is counted
                 end = j + lay.end_off
                 if self._blocks is None:
-                    from offload_lab.record.kineto.fast import BlockDecoder
-
                     self._blocks = BlockDecoder()
                 evs = self._blocks.decode(buf[pos:end])
                 if evs is not None:
