@@ -323,6 +323,10 @@ def _versions(hta_python: str | None) -> str:
         fast = f"msgspec {version('msgspec')}"
     except Exception:  # not installed: every block takes the per-event path
         fast = "no msgspec"
+    try:
+        fast += f", isal {version('isal')}"
+    except Exception:  # not installed: gzip is inflated by zlib
+        fast += ", no isal (zlib inflates gzip)"
     ours = f"offload-lab {version('offload-lab')}, pandas {version('pandas')}, numpy {version('numpy')}, " \
            f"{fast}, Python {sys.version.split()[0]}"
     if not hta_python:

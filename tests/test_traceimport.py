@@ -485,6 +485,17 @@ def test_corrupt_gzip(tmp_path):
         from_torch_profiler(tmp_path / "bad.json.gz")
 
 
+def test_gzip_checksum_is_checked(tmp_path):
+    """A stream whose data inflates cleanly but whose CRC-32 (the trailer's first 4 bytes) is
+    wrong is refused: the inflater checks it, ISA-L's as zlib's."""
+    data = bytearray(gzip.compress(FIXTURE.read_bytes()))
+    data[-8] ^= 0xFF
+    (tmp_path / "crc.json.gz").write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError, match=r"crc.json.gz: corrupt gzip data near byte \d+ of the "
+                       r"decompressed stream"):
+        from_torch_profiler(tmp_path / "crc.json.gz")
+
+
 def test_every_cut_raises_trace_format_error(tmp_path, monkeypatch):
     """Cut anywhere (small chunks, so cuts land on chunk edges too): a TraceFormatError, never
     another exception and never a silent partial Run."""

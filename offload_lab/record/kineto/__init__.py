@@ -5,7 +5,8 @@
 >>> run.events.groupby(["kind", "tier"])["bytes"].sum()                # doctest: +SKIP
 
 **Reading.** The file is streamed, never ``json.load``-ed: text is read in 1 MiB chunks (gzip
-detected by content, decompressed incrementally) and only the fields the frames need are kept,
+detected by content, decompressed incrementally, by ISA-L's inflate where ``isal`` is installed,
+else zlib's) and only the fields the frames need are kept,
 in compact arrays. Where the file is laid out as torch writes it, whole events are framed by
 the newlines between them (:meth:`Reader._array`) and each block of them is decoded in one
 C call by ``msgspec`` into structs of the few fields the import reads (every other value is

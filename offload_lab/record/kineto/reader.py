@@ -70,7 +70,7 @@ class TraceText:
             data = self.fh.read(_CHUNK)
         except EOFError:
             data, self.cut_gzip = b"", True
-        except (OSError, zlib.error) as e:  # BadGzipFile, CRC errors
+        except (OSError, *GZIP_ERRORS) as e:  # BadGzipFile, CRC errors
             raise TraceFormatError(
                 f"{self.name}: corrupt gzip data near byte {self.offset(len(self.buf))} of the "
                 f"decompressed stream ({e})") from None
@@ -461,13 +461,22 @@ def _cut(rest: str) -> bool:
             or _NUMBER_PREFIX.fullmatch(rest) is not None)
 
 
+try:  # ISA-L's inflate reads the same gzip stream about 3x faster than zlib's
+    from isal import isal_zlib as _inflate
+
+    GZIP_ERRORS: tuple[type[Exception], ...] = (zlib.error, _inflate.error)
+except ImportError:
+    _inflate = zlib
+    GZIP_ERRORS = (zlib.error,)
+
+
 class _Gunzip:
     """gzip decompression that hands out every byte it could decompress before a cut (the
     ``gzip`` module drops the last block's output when it raises ``EOFError``)."""
 
     def __init__(self, fh: IO[bytes]):
         self.fh = fh
-        self.d = zlib.decompressobj(wbits=31)
+        self.d = _inflate.decompressobj(wbits=31)
 
     def read(self, n: int) -> bytes:
         parts: list[bytes] = []
@@ -477,7 +486,7 @@ class _Gunzip:
                 data = self.d.unused_data or self.fh.read(_CHUNK)
                 if not data:
                     break  # the clean end of the last gzip member
-                self.d = zlib.decompressobj(wbits=31)  # another member follows
+                self.d = _inflate.decompressobj(wbits=31)  # another member follows
             else:
                 data = self.d.unconsumed_tail or self.fh.read(_CHUNK)
                 if not data:
