@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_traceimport import assert_same_run as same_frames_and_meta
+from test_traceimport import comparable_meta
 
 import offload_lab.record.kineto as ti
 from offload_lab.record.kineto import fast, from_torch_profiler
@@ -29,15 +31,10 @@ def _bench():
 
 
 def assert_same_run(a: Run, b: Run) -> None:
-    for name in ("events", "layers", "steps"):
-        fa, fb = getattr(a, name), getattr(b, name)
-        if name == "events":
-            fa, fb = fa.drop(columns="run"), fb.drop(columns="run")
-        pd.testing.assert_frame_equal(fa, fb)
-    keep = lambda r: {k: v for k, v in r.meta.items() if k not in ("run", "created", "label", "source")}  # noqa: E731
-    assert keep(a) == keep(b)
+    same_frames_and_meta(a, b)
     # the same JSON types too (an int origin stays an int)
-    assert json.dumps(keep(a), sort_keys=True, default=str) == json.dumps(keep(b), sort_keys=True, default=str)
+    assert (json.dumps(comparable_meta(a), sort_keys=True, default=str)
+            == json.dumps(comparable_meta(b), sort_keys=True, default=str))
 
 
 @pytest.fixture()
