@@ -16,11 +16,6 @@ pytest.importorskip("transformers")
 from tiny_pipelines import LAYERS  # noqa: E402
 
 
-@pytest.fixture
-def saved(tiny_saved):
-    return tiny_saved
-
-
 def _refused(capsys, argv, out, match):
     try:
         rc = main(argv)
@@ -50,20 +45,20 @@ def test_pipeline_without_layer_groups(tmp_path, capsys):
     _refused(capsys, ["profile", "--pipeline", str(tmp_path), "--out", str(out)], out, "has a layer group")
 
 
-def test_zero_steps_refused(saved, tmp_path, capsys):
+def test_zero_steps_refused(tiny_saved, tmp_path, capsys):
     out = tmp_path / "run.zip"
-    _refused(capsys, ["profile", "--pipeline", str(saved), "--steps", "0", "--out", str(out)], out, "steps")
+    _refused(capsys, ["profile", "--pipeline", str(tiny_saved), "--steps", "0", "--out", str(out)], out, "steps")
 
 
-def test_model_and_pipeline_together_refused(saved, tmp_path, capsys):
+def test_model_and_pipeline_together_refused(tiny_saved, tmp_path, capsys):
     out = tmp_path / "run.zip"
-    _refused(capsys, ["profile", "wan2.1-t2v-1.3b", "--pipeline", str(saved), "--out", str(out)], out,
+    _refused(capsys, ["profile", "wan2.1-t2v-1.3b", "--pipeline", str(tiny_saved), "--out", str(out)], out,
              "not both")
 
 
-def test_profile_pipeline_directory(saved, tmp_path, capsys):
+def test_profile_pipeline_directory(tiny_saved, tmp_path, capsys):
     out = tmp_path / "run.zip"
-    argv = ["profile", "--pipeline", str(saved), "--steps", "4", "--height", "64", "--width", "64",
+    argv = ["profile", "--pipeline", str(tiny_saved), "--steps", "4", "--height", "64", "--width", "64",
             "--frames", "5", "--warmup", "0", "--backend", "cpu", "--tier", "mapped", "--out", str(out)]
     assert main(argv) == 0
     run = offload_lab.Run.load(out)
@@ -75,9 +70,9 @@ def test_profile_pipeline_directory(saved, tmp_path, capsys):
     assert "saved" in capsys.readouterr().out
 
 
-def test_profile_pipeline_takes_the_single_model_options(saved, tmp_path, capsys):
+def test_profile_pipeline_takes_the_single_model_options(tiny_saved, tmp_path, capsys):
     out, rep = tmp_path / "run.zip", tmp_path / "r.html"
-    argv = ["profile", "--pipeline", str(saved), "--steps", "2", "--warmup", "0", "--backend", "cpu",
+    argv = ["profile", "--pipeline", str(tiny_saved), "--steps", "2", "--warmup", "0", "--backend", "cpu",
             "--report", str(rep), "--resident", "2", "--issue", "before-compute", "--order", "reverse",
             "--residency", "strided", "--out", str(out)]
     assert main(argv) == 0
@@ -91,12 +86,12 @@ def test_profile_pipeline_takes_the_single_model_options(saved, tmp_path, capsys
     assert "report" in capsys.readouterr().out
 
 
-def test_profile_pipeline_staging_and_synthetic_sizes(saved, tmp_path, capsys):
+def test_profile_pipeline_staging_and_synthetic_sizes(tiny_saved, tmp_path, capsys):
     out = tmp_path / "run.zip"
-    assert main(["profile", "--pipeline", str(saved), "--steps", "1", "--warmup", "0", "--backend", "cpu",
+    assert main(["profile", "--pipeline", str(tiny_saved), "--steps", "1", "--warmup", "0", "--backend", "cpu",
                  "--staging", "--out", str(out)]) == 0
     assert offload_lab.Run.load(out).meta["plan"]["components"]["transformer"]["staging"] is True
     out2 = tmp_path / "run2.zip"
     capsys.readouterr()
-    _refused(capsys, ["profile", "--pipeline", str(saved), "--layers", "2", "--out", str(out2)], out2,
+    _refused(capsys, ["profile", "--pipeline", str(tiny_saved), "--layers", "2", "--out", str(out2)], out2,
              "--layers size a synthetic model")

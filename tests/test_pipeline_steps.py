@@ -16,16 +16,6 @@ from tiny_pipelines import STEPS  # noqa: E402
 from offload_lab.model.synthetic.diffusers_tiny import tiny_wan_call  # noqa: E402
 
 
-@pytest.fixture
-def pipe(tiny_pipe):
-    return tiny_pipe
-
-
-@pytest.fixture
-def reference(tiny_reference):
-    return tiny_reference
-
-
 def _check_steps(run, blocks: int) -> None:
     assert len(run.steps) == STEPS
     assert run.meta["steps_from"] == "scheduler"
@@ -37,17 +27,17 @@ def _check_steps(run, blocks: int) -> None:
 
 
 @pytest.mark.parametrize("tier", ["pinned", "pageable", "mapped"])
-def test_offload_transformer_no_markers(pipe, reference, tiny_loaded, tiny_loaded_reference, tier):
+def test_offload_transformer_no_markers(tiny_pipe, tiny_reference, tiny_loaded, tiny_loaded_reference, tier):
     if tier == "mapped":  # mapped needs the weights on a checkpoint's pages
         # the loaded pipeline is compared with its own output: loading may round differently
-        pipe, reference = tiny_loaded, tiny_loaded_reference
-        assert all(offload_lab.is_file_backed(p) for p in pipe.transformer.parameters())
-    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier=tier)
-    sched_step = pipe.scheduler.step
-    with offload_lab.offload(pipe.transformer, plan, backend="cpu") as m:
-        out = pipe(**tiny_wan_call(steps=STEPS)).frames
+        tiny_pipe, tiny_reference = tiny_loaded, tiny_loaded_reference
+        assert all(offload_lab.is_file_backed(p) for p in tiny_pipe.transformer.parameters())
+    plan = offload_lab.plan(offload_lab.spec_of(tiny_pipe.transformer), tier=tier)
+    sched_step = tiny_pipe.scheduler.step
+    with offload_lab.offload(tiny_pipe.transformer, plan, backend="cpu") as m:
+        out = tiny_pipe(**tiny_wan_call(steps=STEPS)).frames
     run = m.build_run()
-    assert torch.equal(out, reference)
+    assert torch.equal(out, tiny_reference)
     _check_steps(run, 6)
     copies = run.events[run.events["kind"] == "copy"]
     # every block copied twice per step; bytes per step = calls × streamed bytes
@@ -55,16 +45,16 @@ def test_offload_transformer_no_markers(pipe, reference, tiny_loaded, tiny_loade
     streamed = int(plan.layers.loc[plan.layers["streamed"], "bytes"].sum())
     assert run.steps["bytes_moved"].tolist() == [2 * streamed] * STEPS
     # the scheduler is restored: the instance holds no wrapper, the method is the class's
-    assert "step" not in vars(pipe.scheduler)
-    assert pipe.scheduler.step == sched_step
+    assert "step" not in vars(tiny_pipe.scheduler)
+    assert tiny_pipe.scheduler.step == sched_step
 
 
-def test_observe_pipeline_no_markers(pipe, reference):
-    with offload_lab.observe(pipe.transformer, backend="cpu") as obs:
-        out = pipe(**tiny_wan_call(steps=STEPS)).frames
-    assert torch.equal(out, reference)
+def test_observe_pipeline_no_markers(tiny_pipe, tiny_reference):
+    with offload_lab.observe(tiny_pipe.transformer, backend="cpu") as obs:
+        out = tiny_pipe(**tiny_wan_call(steps=STEPS)).frames
+    assert torch.equal(out, tiny_reference)
     _check_steps(obs.run, 6)
-    assert "step" not in vars(pipe.scheduler)
+    assert "step" not in vars(tiny_pipe.scheduler)
 
 
 def test_observe_plain_module_calls_are_steps():
@@ -111,8 +101,8 @@ def test_explicit_steps_win_and_count_calls():
     assert run.steps["bytes_moved"].tolist() == [2 * streamed, 2 * streamed, streamed]
 
 
-def test_scheduler_restored_on_interrupt(pipe):
-    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier="pinned")
+def test_scheduler_restored_on_interrupt(tiny_pipe):
+    plan = offload_lab.plan(offload_lab.spec_of(tiny_pipe.transformer), tier="pinned")
     kw = tiny_wan_call(steps=STEPS)
     calls = []
 
@@ -121,15 +111,15 @@ def test_scheduler_restored_on_interrupt(pipe):
         if len(calls) == 3:
             raise KeyboardInterrupt
 
-    h = pipe.transformer.blocks[0].register_forward_hook(stop)
+    h = tiny_pipe.transformer.blocks[0].register_forward_hook(stop)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with offload_lab.offload(pipe.transformer, plan, backend="cpu"):
-                pipe(**kw)
+            with offload_lab.offload(tiny_pipe.transformer, plan, backend="cpu"):
+                tiny_pipe(**kw)
     finally:
         h.remove()
-    assert "step" not in vars(pipe.scheduler)
-    assert not pipe.transformer._forward_pre_hooks and not pipe.transformer._forward_hooks
+    assert "step" not in vars(tiny_pipe.scheduler)
+    assert not tiny_pipe.transformer._forward_pre_hooks and not tiny_pipe.transformer._forward_hooks
 
 
 def test_simulator_numbers_passes():
@@ -154,11 +144,11 @@ def test_old_runs_without_call_columns_load(tmp_path):
     assert back.events["call"].eq(0).all() and back.steps["calls"].eq(1).all()
 
 
-def test_no_scheduler_asked_one_step_per_call(pipe, reference):
-    plan = offload_lab.plan(offload_lab.spec_of(pipe.transformer), tier="pinned")
-    with offload_lab.offload(pipe.transformer, plan, backend="cpu", scheduler=None) as m:
-        out = pipe(**tiny_wan_call(steps=STEPS)).frames
+def test_no_scheduler_asked_one_step_per_call(tiny_pipe, tiny_reference):
+    plan = offload_lab.plan(offload_lab.spec_of(tiny_pipe.transformer), tier="pinned")
+    with offload_lab.offload(tiny_pipe.transformer, plan, backend="cpu", scheduler=None) as m:
+        out = tiny_pipe(**tiny_wan_call(steps=STEPS)).frames
     run = m.build_run()
-    assert torch.equal(out, reference)
+    assert torch.equal(out, tiny_reference)
     assert run.meta["steps_from"] == "calls" and len(run.steps) == 2 * STEPS
-    assert "step" not in vars(pipe.scheduler)
+    assert "step" not in vars(tiny_pipe.scheduler)

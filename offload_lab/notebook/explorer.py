@@ -496,11 +496,13 @@ class PlanExplorer:
             elif tab == 3:
                 self._draw(self.comparison_out, figs.get("step_times"), figs.get("bandwidth"), empty=not st.runs)
             elif tab == 4:
-                self._draw_front(figs.get("recommend_front"))
+                # a click on a point of the front loads its plan
+                self._draw(self.recommend_out, figs.get("recommend_front"), on_click=self.on_front_click)
             elif tab == 5:
                 self._draw(self.engines_out, figs.get("engines"))
 
-    def _draw(self, out: W.Output, *figs: Any, empty: bool = False) -> None:
+    def _draw(self, out: W.Output, *figs: Any, empty: bool = False,
+              on_click: Callable[[Any, Any], Any] | None = None) -> None:
         """Render figures into ``out`` when they are not the ones it shows; ``empty`` clears it.
 
         In a kernel with ``anywidget`` each figure slot of ``out`` holds one
@@ -515,13 +517,14 @@ class PlanExplorer:
         if self._is_shown(out, figs):
             return
         self._shown[id(out)] = figs  # the figures themselves: their ids stay theirs while held
-        if figs and display.in_kernel() and self._update_in_place(out, figs):
+        if figs and display.in_kernel() and self._update_in_place(out, figs, on_click):
             return
         old = self._widgets.pop(id(out), ())
         display.render(out, *figs)
         self._close(old)
 
-    def _update_in_place(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
+    def _update_in_place(self, out: W.Output, figs: tuple[Any, ...],
+                         on_click: Callable[[Any, Any], Any] | None = None) -> bool:
         """Show ``figs`` in ``out`` through its PlotViews; False when there are none here."""
         make = _plot_view_class()
         if make is None:
@@ -539,6 +542,8 @@ class PlanExplorer:
         for w in held:
             # a page that draws the widget says so: from then on new figures reach it in place
             w.observe(lambda _change, w=w: self._live.add(id(w)), names="drawn")
+            if on_click is not None:
+                w.on_click(on_click)
         out.outputs = tuple(_widget_output(w, fig) for w, fig in zip(held, figs))
         self._close(old)
         return True
@@ -552,22 +557,6 @@ class PlanExplorer:
     def _is_shown(self, out: W.Output, figs: tuple[Any, ...]) -> bool:
         shown = self._shown.get(id(out))
         return shown is not None and len(shown) == len(figs) and all(a is b for a, b in zip(shown, figs))
-
-    def _draw_front(self, fig: Any) -> None:
-        out = self.recommend_out
-        if fig is None or self._is_shown(out, (fig,)):
-            return
-        self._shown[id(out)] = (fig,)
-        make = _plot_view_class() if display.in_kernel() else None
-        if make is None:
-            display.render(out, fig)
-            return
-        widget = make(fig)
-        widget.on_click(self.on_front_click)  # a click on a point loads its plan
-        old = self._widgets.get(id(out), ())
-        self._widgets[id(out)] = [widget]
-        out.outputs = (_widget_output(widget, fig),)
-        self._close(old)
 
     # -- in a notebook ----------------------------------------------------------------------------------
     def _ipython_display_(self) -> None:
